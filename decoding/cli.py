@@ -1,0 +1,97 @@
+"""`python -m decoding generate ...`: one traced speculative run from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import SpecLensError
+from .policies import K_MAX, K_MIN, POLICIES
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, status 2
+        self.exit(2, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m decoding", description="SpecLens speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("generate", help="decode one prompt speculatively and trace it")
+    g.add_argument("--target", default="smollm2-135m", help="preset, folder, .gguf file or hub id")
+    g.add_argument("--draft", default="ngram", help="ngram, layers:N, a model name or path, or none")
+    g.add_argument("--k", type=int, default=4, help=f"draft length ({K_MIN}-{K_MAX})")
+    g.add_argument("--policy", choices=POLICIES, default="fixed")
+    g.add_argument("--confidence", type=float, default=0.4, help="threshold of the confidence policy")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    g.add_argument("--baseline", action="store_true", help="also decode plainly and compare")
+    g.add_argument("--trace-out", type=Path, help="write the trace JSON here")
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best available)")
+    g.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _generate(args)
+    except SpecLensError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .runner import RunConfig, generate
+    from .verify import Sampling
+
+    if args.trace_out and not args.trace_out.parent.is_dir():
+        raise SpecLensError(f"cannot write the trace: folder '{args.trace_out.parent}' does not exist")
+    config = RunConfig(
+        target=args.target,
+        draft=args.draft,
+        k=args.k,
+        policy=args.policy,
+        confidence=args.confidence,
+        sampling=Sampling(args.temperature, args.top_k, args.top_p, args.seed),
+        max_new_tokens=args.max_new_tokens,
+        prompt=args.prompt,
+        chat=not args.no_chat,
+        baseline=args.baseline,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    trace = generate(config)
+    if args.trace_out:
+        trace.save(args.trace_out)
+    print(summary(trace))
+    return 0
+
+
+def summary(trace) -> str:
+    t, m = trace.totals, trace.meta
+    lines = [
+        trace.output.text,
+        "",
+        f"target {m['target']} | draft {m['draft']} | policy {m['policy']['name']} k={m['policy']['k']}"
+        f" | {m['device']} {m['dtype']}",
+        f"{t['new_tokens']} tokens in {t['steps']} rounds: acceptance {t['acceptance_rate']:.1%} "
+        f"({t['accepted']}/{t['proposed']}), {t['tokens_per_step']:.2f} tokens/round, "
+        f"{t['tokens_per_s']:.1f} tokens/s",
+    ]
+    if trace.baseline is not None:
+        same = "identical" if t["identical_to_baseline"] else "DIFFERENT"
+        lines.append(
+            f"plain decoding {t['baseline_tokens_per_s']:.1f} tokens/s: speedup x{t['speedup']:.2f}, output {same}"
+        )
+    return "\n".join(lines)

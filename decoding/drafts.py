@@ -1,0 +1,188 @@
+"""Things that propose tokens: one small interface, one class per draft source.
+
+A draft sees the whole sequence so far (`seq`, [1, n] on the device) and
+proposes up to k tokens. It keeps whatever state it likes (a KV cache) and
+is told after each round how much of the sequence is still valid.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from .errors import SpecLensError
+from .forward import crop, forward, new_cache
+from .models import LoadedModel, check_same_tokenizer, load_model
+from .verify import Sampling, warp
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [k] token ids
+    q: torch.Tensor  # [k] the draft's probability of each token
+    # [k, vocab] the distributions the tokens were drawn from; None for a
+    # deterministic draft (q is one-hot on the proposed token).
+    dists: torch.Tensor | None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def truncate(self, n: int) -> Proposal:
+        return Proposal(self.tokens[:n], self.q[:n], None if self.dists is None else self.dists[:n])
+
+
+class Draft(ABC):
+    kind: str = ""
+    name: str = ""
+
+    def reset(self) -> None:
+        """Forget everything: a new sequence starts."""
+
+    @abstractmethod
+    def propose(
+        self,
+        seq: torch.Tensor,
+        k: int,
+        sampling: Sampling,
+        generator: torch.Generator,
+        min_confidence: float | None = None,
+    ) -> Proposal:
+        """Up to k tokens to follow `seq`; stop early below `min_confidence`."""
+
+    def rollback(self, length: int) -> None:
+        """Only the first `length` tokens of what was seen are still valid."""
+
+
+def empty_proposal(device: torch.device) -> Proposal:
+    return Proposal(
+        torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device), None
+    )
+
+
+class ModelDraft(Draft):
+    """A smaller causal LM with the target's tokenizer, with its own KV cache."""
+
+    kind = "model"
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, name: str) -> None:
+        self.model = model
+        self.vocab_size = vocab_size  # the target's logits width
+        self.name = name
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = new_cache(self.model)
+
+    def propose(self, seq, k, sampling, generator, min_confidence=None):
+        # Only the tokens the cache has not seen yet: after a round that
+        # kept everything, the last draft token and the bonus token.
+        fresh = seq[:, self.cache.get_seq_length() :]
+        tokens, qs, dists = [], [], []
+        for _ in range(k):
+            logits = _fit_vocab(forward(self.model, fresh, self.cache, keep=1)[-1], self.vocab_size)
+            if sampling.greedy:
+                probs = logits.float().softmax(-1)
+                token = probs.argmax()
+            else:
+                probs = warp(logits, sampling)
+                token = torch.multinomial(probs, 1, generator=generator)[0]
+                dists.append(probs)
+            tokens.append(token)
+            qs.append(probs[token])
+            fresh = token.view(1, 1)
+            if min_confidence is not None and probs.max().item() < min_confidence:
+                break
+        if not tokens:
+            return empty_proposal(seq.device)
+        return Proposal(torch.stack(tokens), torch.stack(qs), torch.stack(dists) if dists else None)
+
+    def rollback(self, length: int) -> None:
+        crop(self.cache, length)
+
+
+def _fit_vocab(logits: torch.Tensor, width: int) -> torch.Tensor:
+    # Same tokenizer, different padding of the embedding matrix (Qwen2.5
+    # 0.5B vs 7B): ids past the target's width can never be proposed.
+    n = logits.shape[-1]
+    if n > width:
+        return logits[..., :width]
+    if n < width:
+        return torch.nn.functional.pad(logits, (0, width - n), value=float("-inf"))
+    return logits
+
+
+class LayerDraft(ModelDraft):
+    """The target's first N layers plus its final norm and head (a self-draft).
+
+    The weights are the target's own modules, shared, not copied; only the
+    KV cache is separate.
+    """
+
+    kind = "layers"
+
+    def __init__(self, target: torch.nn.Module, n_layers: int, vocab_size: int) -> None:
+        super().__init__(cut_layers(target, n_layers), vocab_size, f"layers:{n_layers}")
+
+
+def cut_layers(model: torch.nn.Module, n_layers: int) -> torch.nn.Module:
+    total = model.config.num_hidden_layers
+    if not 1 <= n_layers < total:
+        raise SpecLensError(f"layers:N needs 1 <= N < {total} (the target's layer count), got {n_layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:n_layers]
+    with torch.device("meta"):
+        cut = type(model)(config)
+    for name, child in model.model.named_children():
+        setattr(cut.model, name, child)
+    cut.model.layers = torch.nn.ModuleList(model.model.layers[:n_layers])
+    cut.lm_head = model.lm_head
+    left = [n for n, t in [*cut.named_parameters(), *cut.named_buffers()] if t.is_meta]
+    if left:
+        raise SpecLensError(f"cannot cut layers from {type(model).__name__}: {left[0]} is not shared")
+    return cut.eval()
+
+
+class NGramDraft(Draft):
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens
+    (n from `max_ngram` down to 1) and propose what followed it. No model."""
+
+    kind = "ngram"
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3) -> None:
+        self.max_ngram = max_ngram
+
+    def propose(self, seq, k, sampling, generator, min_confidence=None):
+        ids = seq[0]
+        length = ids.shape[0]
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            windows = ids.unfold(0, n, 1)[: length - n]  # every n-gram but the suffix itself
+            hits = (windows == ids[length - n :]).all(-1).nonzero()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                tokens = ids[start : start + k]
+                return Proposal(tokens, torch.ones(tokens.shape[0], device=ids.device), None)
+        return empty_proposal(seq.device)
+
+
+def build_draft(spec: str, target: LoadedModel) -> Draft | None:
+    """`ngram`, `layers:N`, `none`, or a model name for a separate draft model."""
+    spec = (spec or "").strip()
+    if spec in ("", "none"):
+        return None
+    if spec == "ngram":
+        return NGramDraft()
+    if spec.startswith("layers:"):
+        try:
+            n = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise SpecLensError(f"layers:N needs a whole number N, got '{spec}'") from None
+        return LayerDraft(target.model, n, target.vocab_size)
+    draft = load_model(spec, str(target.device), str(target.dtype).removeprefix("torch."))
+    check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, spec)
+    return ModelDraft(draft.model, target.vocab_size, spec)

@@ -1,0 +1,21 @@
+"""Errors a user can cause and fix. The CLI prints them in one line; the UI shows them."""
+
+
+class SpecLensError(ValueError):
+    """Bad input or an environment problem, with a message meant for the user."""
+
+
+class ModelNotFoundError(SpecLensError):
+    pass
+
+
+class HubUnreachableError(SpecLensError):
+    pass
+
+
+class TokenizerMismatchError(SpecLensError):
+    pass
+
+
+class ModelTooLargeError(SpecLensError):
+    pass

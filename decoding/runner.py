@@ -1,0 +1,155 @@
+"""From names and settings to a finished Trace: what the CLI and the app call."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from dataclasses import dataclass, field
+from functools import cache
+
+import torch
+
+from .drafts import Draft, build_draft
+from .errors import SpecLensError
+from .models import LoadedModel, load_model
+from .policies import make_policy
+from .speculative import StepCallback, autoregressive_generate, speculative_generate
+from .trace import Baseline, Trace
+from .verify import Sampling
+
+MAX_NEW_TOKENS = 2048
+MAX_CONTEXT = 4096  # prompt + new tokens, whatever the model allows beyond it
+
+
+@dataclass
+class RunConfig:
+    target: str = "smollm2-135m"
+    draft: str = "ngram"  # "ngram", "layers:N", a model name, or "none"
+    k: int = 4
+    policy: str = "fixed"
+    confidence: float = 0.4
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = 128
+    prompt: str = ""
+    chat: bool = True  # apply the tokenizer's chat template when it has one
+    baseline: bool = False
+    device: str | None = None
+    dtype: str | None = None
+
+
+def token_texts(tokenizer) -> callable:
+    """id -> text of that token alone, memoised (the loop asks for each id often)."""
+
+    @cache
+    def text(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+
+    return text
+
+
+def encode_prompt(target: LoadedModel, prompt: str, chat: bool) -> torch.Tensor:
+    if not prompt or not prompt.strip():
+        raise SpecLensError("the prompt is empty: type something for the model to continue")
+    tok = target.tokenizer
+    if chat and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
+        if not isinstance(ids, list):  # a BatchEncoding in some versions
+            ids = ids["input_ids"]
+    else:
+        ids = tok(prompt)["input_ids"]
+    return torch.tensor([ids], device=target.device)
+
+
+def context_limit(model: torch.nn.Module) -> int:
+    cfg = model.config.get_text_config()
+    limit = min(MAX_CONTEXT, getattr(cfg, "max_position_embeddings", MAX_CONTEXT) or MAX_CONTEXT)
+    # A sliding-window KV cache cannot be rolled back once it is full.
+    if getattr(cfg, "sliding_window", None):
+        limit = min(limit, cfg.sliding_window)
+    return limit
+
+
+def check_lengths(prompt_len: int, max_new_tokens: int, limit: int) -> None:
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise SpecLensError(f"max new tokens must be from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens}")
+    if prompt_len + max_new_tokens > limit:
+        raise SpecLensError(
+            f"the prompt is {prompt_len} tokens; with {max_new_tokens} new tokens that exceeds "
+            f"this model's {limit}-token context here. Shorten the prompt or ask for fewer tokens"
+        )
+
+
+def eos_ids(target: LoadedModel) -> set[int]:
+    ids = set()
+    for source in (target.model.generation_config.eos_token_id, target.tokenizer.eos_token_id):
+        if source is None:
+            continue
+        ids.update(source if isinstance(source, list) else [source])
+    return ids
+
+
+def library_versions() -> dict[str, str]:
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
+    """Load (once), decode speculatively, optionally decode plainly too, and trace it all."""
+    policy = make_policy(config.policy, config.k, config.confidence)
+    target = load_model(config.target, config.device, config.dtype)
+    prompt_ids = encode_prompt(target, config.prompt, config.chat)
+    check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
+    draft = build_draft(config.draft, target)
+    if draft is None:
+        raise SpecLensError("a speculative run needs a draft: ngram, layers:N or a model name")
+    text = token_texts(target.tokenizer)
+    eos = eos_ids(target)
+    trace = speculative_generate(
+        target.model,
+        prompt_ids,
+        draft,
+        policy,
+        config.sampling,
+        config.max_new_tokens,
+        eos,
+        text,
+        on_step,
+        meta=_meta(config, target, draft, policy.describe(), prompt_ids.shape[1]),
+    )
+    trace.output.text = target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
+    if config.baseline:
+        ids, wall = autoregressive_generate(
+            target.model, prompt_ids, config.sampling, config.max_new_tokens, eos
+        )
+        text_out = target.tokenizer.decode(ids, skip_special_tokens=True)
+        trace.attach_baseline(Baseline(text_out, ids, wall, len(ids) / wall if wall > 0 else 0.0))
+    return trace
+
+
+def _meta(config: RunConfig, target: LoadedModel, draft: Draft, policy: dict, prompt_len: int) -> dict:
+    s = config.sampling
+    return {
+        "target": config.target,
+        "target_source": target.source,
+        "draft_kind": draft.kind,
+        "draft": draft.name,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "policy": policy,
+        "sampling": {
+            "temperature": s.temperature,
+            "top_k": s.top_k,
+            "top_p": s.top_p,
+            "seed": s.seed,
+            "greedy": s.greedy,
+        },
+        "max_new_tokens": config.max_new_tokens,
+        "prompt": config.prompt,
+        "chat_template": config.chat and bool(getattr(target.tokenizer, "chat_template", None)),
+        "prompt_tokens": prompt_len,
+        "versions": library_versions(),
+        "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }

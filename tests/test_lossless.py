@@ -1,0 +1,129 @@
+"""Greedy speculative output must equal the target's own greedy output, token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import first_of
+
+from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
+from decoding.policies import make_policy
+from decoding.runner import encode_prompt, eos_ids
+from decoding.speculative import autoregressive_generate, speculative_generate
+from decoding.trace import check_invariants
+
+TINY_PROMPTS = [[1, 5, 9, 3, 7, 5, 9], [2, 2, 2, 8, 2, 2], [42]]
+
+
+def tiny_drafts(target, draft):
+    return {
+        "ngram": NGramDraft(),
+        "layers:1": LayerDraft(target, 1, 64),
+        "layers:3": LayerDraft(target, 3, 64),
+        "model": ModelDraft(draft, 64, "tiny-draft"),
+        "self": ModelDraft(target, 64, "self"),  # always right: exercises the bonus path
+    }
+
+
+@pytest.mark.parametrize("prompt", TINY_PROMPTS)
+def test_tiny_every_draft_every_k(tiny_target, tiny_draft, prompt):
+    ids = torch.tensor([prompt])
+    expected, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=40)
+    for name, draft in tiny_drafts(tiny_target, tiny_draft).items():
+        for k in range(1, 9):
+            trace = speculative_generate(tiny_target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
+            assert trace.output.token_ids == expected, f"{name} k={k}"
+            check_invariants(trace)
+
+
+@pytest.mark.parametrize("policy", ["heuristic", "confidence"])
+def test_tiny_adaptive_policies(tiny_target, tiny_draft, policy):
+    ids = torch.tensor([TINY_PROMPTS[0]])
+    expected, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=60)
+    for draft in tiny_drafts(tiny_target, tiny_draft).values():
+        trace = speculative_generate(tiny_target, ids, draft, make_policy(policy, 5, 0.3), max_new_tokens=60)
+        assert trace.output.token_ids == expected
+        check_invariants(trace)
+
+
+def test_heuristic_changes_k(tiny_target):
+    ids = torch.tensor([TINY_PROMPTS[0]])
+    trace = speculative_generate(
+        tiny_target, ids, ModelDraft(tiny_target, 64, "self"), make_policy("heuristic", 2), max_new_tokens=60
+    )
+    ks = [s.k for s in trace.steps]
+    assert ks[:3] == [2, 4, 6], ks  # +2 after every fully accepted round
+
+
+def test_eos_stops_and_budget_is_exact(tiny_target):
+    ids = torch.tensor([TINY_PROMPTS[0]])
+    expected, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=40)
+    eos = expected[10]
+    plain, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=40, eos_ids=[eos])
+    assert plain[-1] == eos and len(plain) <= 11
+    for k in (1, 3, 8):
+        for draft in (NGramDraft(), ModelDraft(tiny_target, 64, "self")):
+            trace = speculative_generate(
+                tiny_target, ids, draft, make_policy("fixed", k), max_new_tokens=40, eos_ids=[eos]
+            )
+            assert trace.output.token_ids == plain
+            check_invariants(trace)
+        for budget in (1, 2, 7):
+            trace = speculative_generate(
+                tiny_target, ids, ModelDraft(tiny_target, 64, "self"), make_policy("fixed", k), max_new_tokens=budget
+            )
+            assert trace.output.token_ids == expected[:budget]
+
+
+def test_layer_draft_shares_weights(tiny_target):
+    draft = LayerDraft(tiny_target, 2, 64)
+    assert draft.model.lm_head.weight.data_ptr() == tiny_target.lm_head.weight.data_ptr()
+    assert draft.model.model.layers[1] is tiny_target.model.layers[1]
+    assert len(draft.model.model.layers) == 2
+
+
+def test_model_draft_never_reruns_seen_tokens(tiny_target, tiny_draft):
+    """Round by round, the draft model is fed only what it has not seen: the
+    prompt first, then one token after a rejection (the correction) or two
+    after a fully accepted round (its last draft token and the bonus)."""
+    fed: list[int] = []
+    hook = tiny_draft.model.embed_tokens.register_forward_hook(lambda m, a, out: fed.append(a[0].shape[1]))
+    try:
+        ids = torch.tensor([TINY_PROMPTS[0]])
+        trace = speculative_generate(
+            tiny_target, ids, ModelDraft(tiny_draft, 64, "d"), make_policy("fixed", 4), max_new_tokens=40
+        )
+    finally:
+        hook.remove()
+    expected, previous = [], None
+    for step in trace.steps:
+        if step.k == 0:  # the budget left room for the target's token only
+            continue
+        first = ids.shape[1] if previous is None else 1 + (previous.n_accepted == previous.k)
+        expected += [first] + [1] * (step.k - 1)
+        previous = step
+    assert fed == expected
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_is_lossless(smol, specbench):
+    """The real offline model, Spec-Bench prompts, every draft source."""
+    cases = [
+        ("summarization", "ngram", range(1, 9)),
+        ("rag", "ngram", (2, 5)),
+        ("math_reasoning", "layers:22", range(1, 9)),
+        ("qa", "smollm2-135m", (3,)),
+    ]
+    from decoding.drafts import build_draft
+
+    for category, spec, ks in cases:
+        prompt = encode_prompt(smol, first_of(specbench, category)["prompt"], chat=True)
+        eos = eos_ids(smol)
+        expected, _ = autoregressive_generate(smol.model, prompt, max_new_tokens=32, eos_ids=eos)
+        draft = build_draft(spec, smol)
+        for k in ks:
+            trace = speculative_generate(
+                smol.model, prompt, draft, make_policy("fixed", k), max_new_tokens=32, eos_ids=eos
+            )
+            assert trace.output.token_ids == expected, f"{category} {spec} k={k}"
+            check_invariants(trace)
