@@ -57,9 +57,7 @@ class Draft(ABC):
 
 
 def empty_proposal(device: torch.device) -> Proposal:
-    return Proposal(
-        torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device), None
-    )
+    return Proposal(torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device), None)
 
 
 class ModelDraft(Draft):

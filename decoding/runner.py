@@ -93,7 +93,11 @@ def eos_ids(target: LoadedModel) -> set[int]:
 def library_versions() -> dict[str, str]:
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:

@@ -137,9 +137,7 @@ def _record(
     return Step(
         k=len(ids),
         draft=[DraftToken(t, token_text(t), qi) for t, qi in zip(ids, q)],
-        verdicts=[
-            Verdict(pi, ai, ui, i < n) for i, (pi, ai, ui) in enumerate(zip(p, accept_prob, u))
-        ],
+        verdicts=[Verdict(pi, ai, ui, i < n) for i, (pi, ai, ui) in enumerate(zip(p, accept_prob, u))],
         n_accepted=n,
         emitted=None
         if emitted is None

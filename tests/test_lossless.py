@@ -70,7 +70,11 @@ def test_eos_stops_and_budget_is_exact(tiny_target):
             check_invariants(trace)
         for budget in (1, 2, 7):
             trace = speculative_generate(
-                tiny_target, ids, ModelDraft(tiny_target, 64, "self"), make_policy("fixed", k), max_new_tokens=budget
+                tiny_target,
+                ids,
+                ModelDraft(tiny_target, 64, "self"),
+                make_policy("fixed", k),
+                max_new_tokens=budget,
             )
             assert trace.output.token_ids == expected[:budget]
 
