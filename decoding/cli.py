@@ -35,14 +35,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace-out", type=Path, help="write the trace JSON here")
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best available)")
     g.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    p = sub.add_parser("prepare", help="convert offline presets into the model cache (once)")
+    p.add_argument("models", nargs="*", default=["smollm2-135m"], help="presets or paths to convert")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return int(exc.code or 0)
+    from .models import quiet_libraries
+
+    quiet_libraries()
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "prepare":
+            return _prepare(args)
     except SpecLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -75,6 +85,14 @@ def _generate(args: argparse.Namespace) -> int:
     if args.trace_out:
         trace.save(args.trace_out)
     print(summary(trace))
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from .models import resolve_source
+
+    for name in args.models:
+        print(f"{name}: {resolve_source(name)}")
     return 0
 
 

@@ -39,6 +39,15 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def quiet_libraries() -> None:
+    """Silence transformers' progress bars and warnings: the CLI and the UI speak for themselves."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
 # -- presets ----------------------------------------------------------------
 
 

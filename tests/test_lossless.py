@@ -131,3 +131,25 @@ def test_smollm2_greedy_is_lossless(smol, specbench):
             )
             assert trace.output.token_ids == expected, f"{category} {spec} k={k}"
             check_invariants(trace)
+
+
+@pytest.mark.slow
+def test_gemma3_offline_preset_is_lossless():
+    """The second offline preset (Gemma-3-270M base, sliding-window attention)."""
+    from decoding.drafts import build_draft
+    from decoding.models import load_model
+
+    gemma = load_model("gemma3-270m", "cpu")
+    prompt = encode_prompt(gemma, "The capital of France is Paris. The capital of Italy is", chat=False)
+    expected, _ = autoregressive_generate(gemma.model, prompt, max_new_tokens=12, eos_ids=eos_ids(gemma))
+    for spec, k in [("ngram", 3), ("layers:9", 2)]:
+        trace = speculative_generate(
+            gemma.model,
+            prompt,
+            build_draft(spec, gemma),
+            make_policy("fixed", k),
+            max_new_tokens=12,
+            eos_ids=eos_ids(gemma),
+        )
+        assert trace.output.token_ids == expected, spec
+        check_invariants(trace)

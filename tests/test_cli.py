@@ -1,0 +1,192 @@
+"""`python -m decoding`: end to end on the offline default, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, tiny_llama
+
+from decoding.cli import main
+from decoding.trace import Trace, check_invariants
+
+PROMPT = "Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm."
+
+
+@pytest.mark.slow
+def test_generate_end_to_end_subprocess(tmp_path, smol):
+    out = tmp_path / "trace.json"
+    cmd = [sys.executable, "-m", "decoding", "generate", "--prompt", PROMPT, "--draft", "ngram"]
+    cmd += ["--k", "3", "--max-new-tokens", "24", "--baseline", "--trace-out", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "tokens/round" in done.stdout and "speedup" in done.stdout
+    data = json.loads(out.read_text())
+    assert set(data) >= {"meta", "steps", "totals", "output", "baseline"}
+    for key in ["new_tokens", "steps", "proposed", "accepted", "acceptance_rate", "tokens_per_step"]:
+        assert key in data["totals"]
+    for key in ["wall_s", "tokens_per_s", "speedup", "identical_to_baseline"]:
+        assert key in data["totals"]
+    assert data["totals"]["identical_to_baseline"] is True
+    assert set(data["baseline"]) >= {"text", "token_ids", "wall_s", "tokens_per_s"}
+    step = data["steps"][1]
+    assert set(step) >= {
+        "k",
+        "draft",
+        "verdicts",
+        "n_accepted",
+        "emitted",
+        "draft_ms",
+        "verify_ms",
+        "step_ms",
+    }
+    assert set(data["meta"]) >= {"target", "draft_kind", "draft", "device", "dtype", "policy", "sampling"}
+    assert data["meta"]["prompt_tokens"] > 10
+    check_invariants(Trace.from_dict(data))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--draft", "layers:12", "--k", "2"],
+        [
+            "--draft",
+            "ngram",
+            "--policy",
+            "heuristic",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "1",
+        ],
+        ["--draft", "smollm2-135m", "--policy", "confidence", "--k", "6", "--no-chat"],
+    ],
+)
+def test_generate_in_process(tmp_path, capsys, smol, extra):
+    out = tmp_path / "t.json"
+    code = main(["generate", "--prompt", PROMPT, "--max-new-tokens", "12", "--trace-out", str(out), *extra])
+    assert code == 0, capsys.readouterr().err
+    trace = Trace.load(out)
+    check_invariants(trace)
+    assert trace.totals["new_tokens"] == len(trace.output.token_ids) <= 12
+    assert trace.output.text in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def mismatched_draft(tmp_path_factory) -> Path:
+    """A real little model whose tokenizer is not SmolLM2's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("mismatch")
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *"abcdefghijklmnopqrstuvwxyz"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(
+        folder
+    )
+    tiny_llama(seed=0, vocab=len(vocab)).to(torch.float32).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def huge_model(tmp_path_factory) -> Path:
+    """Only a config: a 300-billion-parameter Llama that cannot fit here."""
+    from transformers import LlamaConfig
+
+    folder = tmp_path_factory.mktemp("huge")
+    LlamaConfig(
+        hidden_size=16384, intermediate_size=53248, num_hidden_layers=100, vocab_size=32000
+    ).save_pretrained(folder)
+    return folder
+
+
+def run_bad(capsys, *args: str) -> str:
+    code = main(["generate", *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("error:") and "\n" not in err, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--k", "0"], "k must be"),
+        (["--k", "17"], "k must be"),
+        (["--policy", "bogus"], "invalid choice"),
+        (["--k", "two"], "invalid int"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top-p"),
+        (["--max-new-tokens", "0"], "max new tokens"),
+        (["--draft", "layers:99"], "layers:N needs 1 <= N < 30"),
+        (["--draft", "layers:x"], "whole number"),
+        (["--target", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--target", "/nonexistent/folder"], "unknown model"),
+        (["--draft", "none"], "needs a draft"),
+        (["--trace-out", "/nonexistent/dir/t.json"], "does not exist"),
+        (["--dtype", "int3"], "unknown dtype"),
+    ],
+)
+def test_bad_arguments(capsys, smol, args, expect):
+    prompt = [] if "--prompt" in args else ["--prompt", "hello"]
+    assert expect in run_bad(capsys, *prompt, *args)
+
+
+def test_missing_prompt_and_empty_prompt(capsys, smol):
+    assert "--prompt" in run_bad(capsys)
+    assert "prompt is empty" in run_bad(capsys, "--prompt", "   ")
+
+
+def test_huge_prompt(capsys, smol):
+    err = run_bad(capsys, "--prompt", "word " * 9000)
+    assert "exceeds" in err and "context" in err
+
+
+def test_hub_id_offline_names_the_presets(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = run_bad(capsys, "--prompt", "hi", "--target", "someone/some-model")
+    assert "not reachable" in err and "smollm2-135m" in err
+
+
+def test_hub_unreachable_answers_fast(capsys, monkeypatch):
+    # Not offline by setting: the socket check finds nothing listening.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    err = run_bad(capsys, "--prompt", "hi", "--target", "someone/some-model")
+    assert "not reachable" in err
+
+
+def test_mismatched_tokenizer(capsys, smol, mismatched_draft):
+    err = run_bad(capsys, "--prompt", "hi", "--draft", str(mismatched_draft))
+    assert "does not share the tokenizer" in err
+
+
+def test_model_too_large(capsys, huge_model):
+    err = run_bad(capsys, "--prompt", "hi", "--target", str(huge_model))
+    assert "GiB" in err and "pick a smaller model" in err
+
+
+def test_folder_without_model(capsys, tmp_path):
+    assert "no config.json" in run_bad(capsys, "--prompt", "hi", "--target", str(tmp_path))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_cuda_asked_for_without_cuda(capsys):
+    assert "CUDA is not available" in run_bad(capsys, "--prompt", "hi", "--device", "cuda")
+
+
+def test_prepare_prints_the_cache_folder(capsys, smol):
+    assert main(["prepare", "smollm2-135m"]) == 0
+    path = capsys.readouterr().out.split(": ", 1)[1].strip()
+    assert Path(path, "config.json").exists()
+    assert os.path.commonpath([path, str(ROOT)]) != str(ROOT), "the cache must live outside the repository"
