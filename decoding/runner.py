@@ -125,12 +125,21 @@ def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
     )
     trace.output.text = target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
     if config.baseline:
-        ids, wall = autoregressive_generate(
-            target.model, prompt_ids, config.sampling, config.max_new_tokens, eos
-        )
-        text_out = target.tokenizer.decode(ids, skip_special_tokens=True)
-        trace.attach_baseline(Baseline(text_out, ids, wall, len(ids) / wall if wall > 0 else 0.0))
+        trace.attach_baseline(plain_baseline(config))
     return trace
+
+
+def plain_baseline(config: RunConfig) -> Baseline:
+    """Decode `config.prompt` with the target alone: the reference for speed and output."""
+    target = load_model(config.target, config.device, config.dtype)
+    prompt_ids = encode_prompt(target, config.prompt, config.chat)
+    check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
+    plain = autoregressive_generate(
+        target.model, prompt_ids, config.sampling, config.max_new_tokens, eos_ids(target)
+    )
+    text = target.tokenizer.decode(plain.token_ids, skip_special_tokens=True)
+    tps = len(plain.token_ids) / plain.wall_s
+    return Baseline(text, plain.token_ids, plain.wall_s, tps, plain.token_times_s)
 
 
 def _meta(config: RunConfig, target: LoadedModel, draft: Draft, policy: dict, prompt_len: int) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
+from typing import NamedTuple
 
 import torch
 
@@ -18,6 +19,12 @@ from .trace import DraftToken, Emitted, Step, Trace, Verdict
 from .verify import Sampling, Verification, verify_greedy, verify_sampling, warp
 
 StepCallback = Callable[[Step, Trace], None]
+
+
+class PlainRun(NamedTuple):
+    token_ids: list[int]
+    wall_s: float
+    token_times_s: list[float]  # when each token was ready, from the start
 
 
 class Clock:
@@ -156,13 +163,14 @@ def autoregressive_generate(
     sampling: Sampling = Sampling(),
     max_new_tokens: int = 128,
     eos_ids: Collection[int] = (),
-) -> tuple[list[int], float]:
-    """Plain decoding with the same cache and timing; returns (token ids, wall seconds)."""
+) -> PlainRun:
+    """Plain decoding with the same model, cache and timing as the speculative loop."""
     device = prompt_ids.device
     clock = Clock(device)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
     eos = set(eos_ids)
     output: list[int] = []
+    times: list[float] = []
     start = clock()
     cache = _prefill(target, prompt_ids)
     last = prompt_ids[:, -1:]
@@ -173,7 +181,8 @@ def autoregressive_generate(
         else:
             token = torch.multinomial(warp(logits[-1], sampling), 1, generator=generator)[0]
         output.append(int(token))
+        times.append(time.perf_counter() - start)
         if output[-1] in eos:
             break
         last = token.view(1, 1)
-    return output, clock() - start
+    return PlainRun(output, clock() - start, times)

@@ -66,6 +66,7 @@ class Baseline:
     token_ids: list[int]
     wall_s: float
     tokens_per_s: float
+    token_times_s: list[float] = field(default_factory=list)  # when each token was ready
 
 
 @dataclass
@@ -86,6 +87,15 @@ class Trace:
             if step.emitted is not None:
                 ids.append(step.emitted.id)
         return ids
+
+    def token_times_s(self) -> list[float]:
+        """When each output token was ready, in seconds from the start (prefill included)."""
+        t = self.totals.get("prefill_ms", 0.0) / 1e3
+        times: list[float] = []
+        for step in self.steps:
+            t += step.step_ms / 1e3
+            times.extend([t] * step.new_tokens)
+        return times
 
     def compute_totals(self, wall_s: float) -> dict[str, Any]:
         proposed = sum(s.k for s in self.steps)

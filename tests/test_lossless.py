@@ -28,7 +28,7 @@ def tiny_drafts(target, draft):
 @pytest.mark.parametrize("prompt", TINY_PROMPTS)
 def test_tiny_every_draft_every_k(tiny_target, tiny_draft, prompt):
     ids = torch.tensor([prompt])
-    expected, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=40)
+    expected = autoregressive_generate(tiny_target, ids, max_new_tokens=40).token_ids
     for name, draft in tiny_drafts(tiny_target, tiny_draft).items():
         for k in range(1, 9):
             trace = speculative_generate(tiny_target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
@@ -39,7 +39,7 @@ def test_tiny_every_draft_every_k(tiny_target, tiny_draft, prompt):
 @pytest.mark.parametrize("policy", ["heuristic", "confidence"])
 def test_tiny_adaptive_policies(tiny_target, tiny_draft, policy):
     ids = torch.tensor([TINY_PROMPTS[0]])
-    expected, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=60)
+    expected = autoregressive_generate(tiny_target, ids, max_new_tokens=60).token_ids
     for draft in tiny_drafts(tiny_target, tiny_draft).values():
         trace = speculative_generate(tiny_target, ids, draft, make_policy(policy, 5, 0.3), max_new_tokens=60)
         assert trace.output.token_ids == expected
@@ -57,9 +57,9 @@ def test_heuristic_changes_k(tiny_target):
 
 def test_eos_stops_and_budget_is_exact(tiny_target):
     ids = torch.tensor([TINY_PROMPTS[0]])
-    expected, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=40)
+    expected = autoregressive_generate(tiny_target, ids, max_new_tokens=40).token_ids
     eos = expected[10]
-    plain, _ = autoregressive_generate(tiny_target, ids, max_new_tokens=40, eos_ids=[eos])
+    plain = autoregressive_generate(tiny_target, ids, max_new_tokens=40, eos_ids=[eos]).token_ids
     assert plain[-1] == eos and len(plain) <= 11
     for k in (1, 3, 8):
         for draft in (NGramDraft(), ModelDraft(tiny_target, 64, "self")):
@@ -123,7 +123,7 @@ def test_smollm2_greedy_is_lossless(smol, specbench):
     for category, spec, ks in cases:
         prompt = encode_prompt(smol, first_of(specbench, category)["prompt"], chat=True)
         eos = eos_ids(smol)
-        expected, _ = autoregressive_generate(smol.model, prompt, max_new_tokens=32, eos_ids=eos)
+        expected = autoregressive_generate(smol.model, prompt, max_new_tokens=32, eos_ids=eos).token_ids
         draft = build_draft(spec, smol)
         for k in ks:
             trace = speculative_generate(
@@ -141,7 +141,9 @@ def test_gemma3_offline_preset_is_lossless():
 
     gemma = load_model("gemma3-270m", "cpu")
     prompt = encode_prompt(gemma, "The capital of France is Paris. The capital of Italy is", chat=False)
-    expected, _ = autoregressive_generate(gemma.model, prompt, max_new_tokens=12, eos_ids=eos_ids(gemma))
+    expected = autoregressive_generate(
+        gemma.model, prompt, max_new_tokens=12, eos_ids=eos_ids(gemma)
+    ).token_ids
     for spec, k in [("ngram", 3), ("layers:9", 2)]:
         trace = speculative_generate(
             gemma.model,

@@ -1,0 +1,23 @@
+"""SpecLens: `python app.py` serves the explorer (also the Hugging Face Spaces entry point)."""
+
+import os
+import threading
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from app.ui import build_demo, launch_options  # noqa: E402
+from decoding.models import OFFLINE_PRESETS, load_model, quiet_libraries  # noqa: E402
+
+
+def _warm_up() -> None:
+    # Load the default model while the page opens, so the first Run is quick.
+    try:
+        load_model(OFFLINE_PRESETS[0])
+    except Exception as exc:  # the first Run reports it properly
+        print(f"could not preload {OFFLINE_PRESETS[0]}: {exc}")
+
+
+if __name__ == "__main__":
+    quiet_libraries()
+    threading.Thread(target=_warm_up, daemon=True).start()
+    build_demo().queue(max_size=32).launch(**launch_options())

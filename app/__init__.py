@@ -1,0 +1,1 @@
+"""The Gradio UI: layout (`ui`), event handlers (`handlers`), example prompts."""

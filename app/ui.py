@@ -1,0 +1,234 @@
+"""The layout: components, and which handler each event calls. Nothing else."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import gradio as gr
+
+from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
+from decoding.policies import K_MAX, K_MIN, POLICIES
+from visualize.timeline import empty_timeline_html
+
+from . import handlers as h
+from .examples import example_prompts
+
+CSS_PATH = Path(__file__).resolve().parents[1] / "assets" / "speclens.css"
+DEFAULT_PROMPT = "Explain speculative decoding to a ten-year-old in three sentences."
+MODEL = {"concurrency_limit": 1, "concurrency_id": "model"}  # one model-bound run at a time
+
+PAIRS = {
+    "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", "smollm2-135m"),
+    "SmolLM2-135M · its first 10 layers (offline)": (
+        "smollm2-135m",
+        "first N layers of the target",
+        "smollm2-135m",
+    ),
+    "Gemma-3-270M · n-gram draft (offline)": ("gemma3-270m", "n-gram (prompt lookup)", "gemma3-270m"),
+    **{
+        f"{PRESETS[t].hub_id.split('/')[1]} ← {PRESETS[d].hub_id.split('/')[1]} (hub)": (
+            t,
+            "separate draft model",
+            d,
+        )
+        for t, d in HUB_PAIRS
+    },
+}
+
+
+def _figures(n: int) -> list[gr.Plot]:
+    plots = []
+    for _ in range(n // 2):
+        with gr.Row():
+            plots += [gr.Plot(show_label=False), gr.Plot(show_label=False)]
+    return plots
+
+
+def build_demo() -> gr.Blocks:
+    presets = list(PRESETS)
+    with gr.Blocks(title="SpecLens — speculative decoding, visible") as demo:
+        gr.Markdown(
+            "# SpecLens\nA small **draft** guesses the next tokens; the **target** checks them all in one pass "
+            "and keeps the ones it would have written itself. Watch every guess and every verdict."
+        )
+        with gr.Sidebar(label="Models and decoding"):
+            pair = gr.Dropdown(list(PAIRS), value=list(PAIRS)[0], label="Model pair")
+            target = gr.Dropdown(
+                presets,
+                value=OFFLINE_PRESETS[0],
+                allow_custom_value=True,
+                label="Target (preset, folder or hub id)",
+            )
+            source = gr.Radio(list(h.DRAFT_SOURCES), value="n-gram (prompt lookup)", label="Draft source")
+            n_layers = gr.Slider(1, 47, value=10, step=1, label="N (first-N-layers draft)")
+            draft_model = gr.Dropdown(
+                presets, value="smollm2-135m", allow_custom_value=True, label="Draft model"
+            )
+            k = gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round")
+            policy = gr.Radio(list(POLICIES), value="fixed", label="Draft-length policy")
+            confidence = gr.Slider(
+                0.05, 0.95, value=0.4, step=0.05, label="Confidence cut-off (confidence policy)"
+            )
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
+            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
+            seed = gr.Number(value=0, precision=0, label="Seed")
+            max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+        pair.change(lambda p: PAIRS[p], pair, [target, source, draft_model], api_visibility="private")
+
+        with gr.Tabs():
+            with gr.Tab("Explore"):
+                prompt = gr.Textbox(value=DEFAULT_PROMPT, lines=3, label="Prompt", elem_id="prompt")
+                gr.Examples(
+                    [[p] for p in example_prompts()],
+                    inputs=prompt,
+                    label="Examples (classroom and Spec-Bench)",
+                )
+                with gr.Row():
+                    compare = gr.Checkbox(value=True, label="Compare with plain decoding")
+                    run = gr.Button("Run", variant="primary", elem_id="run")
+                timeline = gr.HTML(empty_timeline_html(), elem_id="timeline")
+                with gr.Row():
+                    round_no = gr.Slider(1, 2, value=1, step=1, label="Explain round", elem_id="round")
+                sentence = gr.Markdown(elem_classes="sl-sentence", elem_id="sentence")
+                cards = gr.HTML(elem_id="cards")
+                text = gr.Textbox(label="Output text", lines=4, elem_id="output")
+                figs = _figures(4)
+                with gr.Row():
+                    json_file = gr.File(label="Trace JSON", elem_id="trace-json")
+                    csv_file = gr.File(label="Token events CSV", elem_id="trace-csv")
+                trace_state = gr.State()
+
+            with gr.Tab("Draft-length sweep"):
+                gr.Markdown(
+                    "Runs one prompt for every k in the range, with the models and sampling set on the left."
+                )
+                sweep_prompt = gr.Textbox(value=example_prompts()[1], lines=3, label="Prompt")
+                with gr.Row():
+                    k_from = gr.Slider(K_MIN, K_MAX, value=1, step=1, label="k from")
+                    k_to = gr.Slider(K_MIN, K_MAX, value=6, step=1, label="k to")
+                    sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep")
+                sweep_summary = gr.Markdown(elem_id="sweep-summary")
+                with gr.Row():
+                    speedup_plot = gr.Plot(show_label=False, elem_id="speedup-plot")
+                    accept_plot = gr.Plot(show_label=False)
+                sweep_table = gr.Dataframe(label="Per k", interactive=False)
+                sweep_csv = gr.File(label="Sweep CSV")
+
+            with gr.Tab("Theory"):
+                gr.Markdown(
+                    "Each drafted token is accepted with probability **α**; a draft step costs **c** target steps; "
+                    "checking γ+1 tokens costs **1 + b·γ** target steps (b = 0 on a GPU, well above 0 on these "
+                    "CPUs). A round yields (1 − α^(γ+1)) / (1 − α) tokens on average."
+                )
+                with gr.Row():
+                    alpha = gr.Slider(0.0, 0.99, value=0.7, step=0.01, label="α: acceptance")
+                    c = gr.Slider(0.0, 1.0, value=0.1, step=0.01, label="c: draft cost")
+                    growth = gr.Slider(0.0, 1.0, value=0.0, step=0.01, label="b: verify cost per extra token")
+                    gamma_max = gr.Slider(2, 16, value=12, step=1, label="γ up to")
+                theory_text = gr.Markdown()
+                theory_plot = gr.Plot(show_label=False)
+                gr.Markdown("### Simulate\nRandom rounds at acceptance α, no model: watch them arrive.")
+                with gr.Row():
+                    sim_gamma = gr.Slider(1, 10, value=4, step=1, label="γ")
+                    sim_rounds = gr.Slider(1, 30, value=8, step=1, label="rounds")
+                    sim_seed = gr.Number(value=0, precision=0, label="seed")
+                    sim_btn = gr.Button("Simulate", elem_id="simulate")
+                sim_sentence = gr.Markdown(elem_classes="sl-sentence")
+                sim_timeline = gr.HTML(empty_timeline_html("Press Simulate."), elem_id="sim-timeline")
+
+            with gr.Tab("Replay"):
+                gr.Markdown("Open a saved trace: no model needed. Step through it round by round.")
+                with gr.Row():
+                    upload = gr.File(
+                        label="Trace JSON", file_types=[".json"], type="filepath", elem_id="upload"
+                    )
+                    example = gr.Dropdown(
+                        list(h.example_traces()), label="…or an example trace", elem_id="example"
+                    )
+                    load_btn = gr.Button("Load", variant="primary", elem_id="load")
+                with gr.Row():
+                    prev_btn = gr.Button("◀ previous", elem_id="prev")
+                    replay_round = gr.Slider(
+                        1, 2, value=1, step=1, label="Round", interactive=False, elem_id="replay-round"
+                    )
+                    next_btn = gr.Button("next ▶", elem_id="next")
+                replay_sentence = gr.Markdown(elem_classes="sl-sentence", elem_id="replay-sentence")
+                replay_timeline = gr.HTML(empty_timeline_html("Load a trace."), elem_id="replay-timeline")
+                replay_cards = gr.HTML()
+                replay_figs = _figures(4)
+                replay_state = gr.State()
+
+        decode_inputs = [prompt, target, source, n_layers, draft_model, k, policy, confidence]
+        decode_inputs += [temperature, top_k, top_p, seed, max_new, compare]
+        run.click(
+            h.run_explore,
+            decode_inputs,
+            [timeline, text, cards, *figs, json_file, csv_file, trace_state, round_no],
+            api_name="generate",
+            **MODEL,
+        )
+        round_no.change(
+            h.explain_round, [trace_state, round_no], [timeline, sentence], api_name="explain_round"
+        )
+
+        sweep_btn.click(
+            h.run_sweep,
+            [
+                sweep_prompt,
+                target,
+                source,
+                n_layers,
+                draft_model,
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                max_new,
+                k_from,
+                k_to,
+            ],
+            [speedup_plot, accept_plot, sweep_table, sweep_csv, sweep_summary],
+            api_name="sweep",
+            **MODEL,
+        )
+
+        theory_inputs = [alpha, c, growth, gamma_max]
+        gr.on(
+            [x.change for x in theory_inputs] + [demo.load],
+            h.run_theory,
+            theory_inputs,
+            [theory_plot, theory_text],
+            api_name="theory",
+        )
+        sim_btn.click(
+            h.run_simulation,
+            [alpha, sim_gamma, sim_rounds, sim_seed],
+            [sim_timeline, sim_sentence],
+            api_name="simulate",
+        )
+
+        load_btn.click(
+            h.load_replay,
+            [upload, example],
+            [replay_state, replay_round, replay_timeline, replay_sentence, replay_cards, *replay_figs],
+            api_name="replay",
+        )
+        replay_round.change(
+            h.replay_step,
+            [replay_state, replay_round],
+            [replay_timeline, replay_sentence],
+            api_name="replay_step",
+        )
+        prev_btn.click(lambda r: max(1, r - 1), replay_round, replay_round, api_visibility="private")
+        next_btn.click(lambda r: r + 1, replay_round, replay_round, api_visibility="private")
+    return demo
+
+
+def launch_options() -> dict:
+    """127.0.0.1 here, 0.0.0.0 on Spaces; Gradio's own GRADIO_SERVER_* variables win."""
+    options = {"css": CSS_PATH.read_text(), "theme": gr.themes.Soft()}
+    if "GRADIO_SERVER_NAME" not in os.environ:
+        options["server_name"] = "0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1"
+    return options

@@ -1,0 +1,86 @@
+"""Draft-length sweep: one prompt, a range of k, one plain baseline, a table."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+from . import costmodel
+from .errors import SpecLensError
+from .policies import K_MAX, K_MIN
+from .runner import RunConfig, generate, plain_baseline
+from .trace import Trace
+
+SWEEP_COLUMNS = [
+    "k",
+    "acceptance_rate",
+    "alpha",
+    "tokens_per_step",
+    "tokens_per_s",
+    "baseline_tokens_per_s",
+    "speedup",
+    "predicted_leviathan",
+    "predicted_measured",
+    "draft_ms_per_token",
+    "verify_ms",
+    "identical_to_baseline",
+]
+
+
+def sweep(
+    config: RunConfig, ks: Sequence[int], progress: Callable[[int, int], None] | None = None
+) -> tuple[list[Trace], pd.DataFrame]:
+    """Run `config` once per k (fixed policy) against one plain baseline."""
+    ks = sorted(set(ks))
+    if not ks or ks[0] < K_MIN or ks[-1] > K_MAX:
+        raise SpecLensError(f"sweep k values must lie in {K_MIN}..{K_MAX}, got {list(ks)}")
+    baseline = plain_baseline(config)
+    traces = []
+    for i, k in enumerate(ks):
+        if progress:
+            progress(i, len(ks))
+        trace = generate(dataclasses.replace(config, k=k, policy="fixed", baseline=False))
+        trace.attach_baseline(baseline)
+        traces.append(trace)
+    if progress:
+        progress(len(ks), len(ks))
+    return traces, sweep_table(traces)
+
+
+def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:
+    """Measured figures per k beside the two cost-model predictions.
+
+    One alpha for the pair (pooled over every run, as the model assumes it
+    does not depend on k), c from measured draft and target step times, and
+    V(k+1) from the measured verify times of rounds that checked k+1 tokens.
+    """
+    accepted = sum(s.n_accepted for t in traces for s in t.steps)
+    rejections = sum(1 for t in traces for s in t.steps if s.n_accepted < s.k)
+    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
+    verify = costmodel.verify_cost_ms(traces)
+    t_target = costmodel.target_ms_per_token(traces[0]) or verify.get(1) or 1.0
+    rows = []
+    for trace in traces:
+        k = trace.meta["policy"]["k"]
+        t_draft = costmodel.draft_ms_per_token(trace)
+        v = verify.get(k + 1, t_target)
+        t = trace.totals
+        rows.append(
+            {
+                "k": k,
+                "acceptance_rate": t["acceptance_rate"],
+                "alpha": costmodel.estimate_alpha(trace),
+                "tokens_per_step": t["tokens_per_step"],
+                "tokens_per_s": t["tokens_per_s"],
+                "baseline_tokens_per_s": t.get("baseline_tokens_per_s"),
+                "speedup": t.get("speedup"),
+                "predicted_leviathan": costmodel.expected_speedup(alpha, k, t_draft / t_target),
+                "predicted_measured": costmodel.expected_speedup_measured(alpha, k, t_target, t_draft, v),
+                "draft_ms_per_token": t_draft,
+                "verify_ms": v,
+                "identical_to_baseline": t.get("identical_to_baseline"),
+            }
+        )
+    return pd.DataFrame(rows, columns=SWEEP_COLUMNS)

@@ -1,0 +1,173 @@
+"""Trace / DataFrame -> Plotly figures. No model code here."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from decoding import costmodel
+from decoding.trace import Trace
+
+COLORS = {
+    "accepted": "#2e9d5b",
+    "rejected": "#d64545",
+    "correction": "#e08a1e",
+    "bonus": "#3a6fd8",
+    "draft": "#8e6bd1",
+    "verify": "#2a9bb0",
+    "other": "#b0b0b0",
+    "plain": "#777777",
+}
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    fig.update_layout(
+        title=title,
+        xaxis_title=x,
+        yaxis_title=y,
+        template="plotly_white",
+        margin={"l": 50, "r": 20, "t": 50, "b": 45},
+        height=320,
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def acceptance_by_position(trace: Trace) -> go.Figure:
+    rows = costmodel.acceptance_by_position(trace)
+    fig = go.Figure(
+        go.Bar(
+            x=[j + 1 for j, _, _ in rows],
+            y=[a / r if r else 0 for _, r, a in rows],
+            customdata=[[a, r] for _, r, a in rows],
+            hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} accepted<extra></extra>",
+            marker_color=COLORS["accepted"],
+        )
+    )
+    fig.update_yaxes(range=[0, 1])
+    return _layout(fig, "Acceptance by draft position (when reached)", "draft position", "acceptance rate")
+
+
+def accepted_length_histogram(trace: Trace) -> go.Figure:
+    counts = Counter(s.n_accepted for s in trace.steps)
+    top = max([s.k for s in trace.steps] + [0])
+    xs = list(range(top + 1))
+    fig = go.Figure(go.Bar(x=xs, y=[counts.get(x, 0) for x in xs], marker_color=COLORS["bonus"]))
+    return _layout(fig, "Accepted tokens per round", "accepted draft tokens", "rounds")
+
+
+def round_time_split(trace: Trace) -> go.Figure:
+    rounds = list(range(1, len(trace.steps) + 1))
+    draft = [s.draft_ms for s in trace.steps]
+    verify = [s.verify_ms for s in trace.steps]
+    other = [max(0.0, s.step_ms - s.draft_ms - s.verify_ms) for s in trace.steps]
+    fig = go.Figure(
+        [
+            go.Bar(name="drafting", x=rounds, y=draft, marker_color=COLORS["draft"]),
+            go.Bar(name="verifying", x=rounds, y=verify, marker_color=COLORS["verify"]),
+            go.Bar(name="bookkeeping", x=rounds, y=other, marker_color=COLORS["other"]),
+        ]
+    )
+    fig.update_layout(barmode="stack")
+    return _layout(fig, "Time per round", "round", "ms")
+
+
+def tokens_over_time(trace: Trace) -> go.Figure:
+    times = trace.token_times_s()
+    fig = go.Figure(
+        go.Scatter(
+            x=[0.0, *times],
+            y=list(range(len(times) + 1)),
+            name="speculative",
+            line={"shape": "hv", "color": COLORS["accepted"]},
+        )
+    )
+    if trace.baseline is not None and trace.baseline.token_times_s:
+        bt = trace.baseline.token_times_s
+        fig.add_scatter(
+            x=[0.0, *bt],
+            y=list(range(len(bt) + 1)),
+            name="plain",
+            line={"shape": "hv", "color": COLORS["plain"]},
+        )
+    return _layout(fig, "Tokens generated against wall-clock time", "seconds", "tokens")
+
+
+def trace_figures(trace: Trace) -> list[go.Figure]:
+    """The four Explore/Replay charts, in display order."""
+    return [
+        acceptance_by_position(trace),
+        accepted_length_histogram(trace),
+        round_time_split(trace),
+        tokens_over_time(trace),
+    ]
+
+
+def speedup_curve(table: pd.DataFrame) -> go.Figure:
+    """Measured speedup against k, with the two cost-model predictions; best k marked."""
+    fig = go.Figure()
+    fig.add_scatter(x=table["k"], y=table["speedup"], mode="lines+markers", name="measured")
+    fig.add_scatter(
+        x=table["k"],
+        y=table["predicted_leviathan"],
+        mode="lines",
+        name="Leviathan (V = 1 step)",
+        line={"dash": "dot"},
+    )
+    fig.add_scatter(
+        x=table["k"],
+        y=table["predicted_measured"],
+        mode="lines",
+        name="measured verify cost",
+        line={"dash": "dash"},
+    )
+    best = table.loc[table["speedup"].idxmax()]
+    fig.add_scatter(
+        x=[best["k"]],
+        y=[best["speedup"]],
+        mode="markers+text",
+        text=[f"best k={int(best['k'])}"],
+        textposition="top center",
+        marker={"size": 14, "symbol": "star", "color": COLORS["correction"]},
+        name="best",
+    )
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    return _layout(fig, "Speedup over plain decoding against draft length", "k (draft length)", "speedup (×)")
+
+
+def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    fig.add_scatter(x=table["k"], y=table["acceptance_rate"], mode="lines+markers", name="acceptance rate")
+    fig.add_scatter(
+        x=table["k"], y=table["tokens_per_step"], mode="lines+markers", name="tokens per round", yaxis="y2"
+    )
+    fig.update_layout(
+        yaxis={"range": [0, 1]}, yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"}
+    )
+    return _layout(fig, "Acceptance against draft length", "k (draft length)", "acceptance rate")
+
+
+def theory_figure(alpha: float, c: float, verify_growth: float, gamma_max: int = 16) -> go.Figure:
+    """Expected speedup and tokens per round against gamma, from the cost model alone.
+
+    verify_growth b models the cost of checking gamma+1 tokens as
+    (1 + b * gamma) target steps; b = 0 is Leviathan's assumption.
+    """
+    gammas = list(range(1, gamma_max + 1))
+    tokens = [costmodel.expected_tokens(alpha, g) for g in gammas]
+    lev = [costmodel.expected_speedup(alpha, g, c) for g in gammas]
+    meas = [costmodel.expected_speedup_measured(alpha, g, 1.0, c, 1.0 + verify_growth * g) for g in gammas]
+    fig = go.Figure()
+    fig.add_scatter(x=gammas, y=lev, mode="lines+markers", name="speedup (V = 1 step)")
+    if verify_growth:
+        fig.add_scatter(
+            x=gammas, y=meas, mode="lines+markers", name=f"speedup (V grows {verify_growth:.2f}/token)"
+        )
+    fig.add_scatter(
+        x=gammas, y=tokens, mode="lines", name="tokens per round", yaxis="y2", line={"dash": "dot"}
+    )
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"})
+    return _layout(fig, f"Expected speedup, α={alpha:.2f}, c={c:.2f}", "γ (draft length)", "speedup (×)")
