@@ -33,6 +33,7 @@ from visualize.timeline import empty_timeline_html, timeline_html
 log = logging.getLogger("speclens")
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
+MAX_PROMPT_CHARS = 50_000  # beyond this no model here has the context anyway
 TIME_LIMIT_S = float(os.environ.get("SPECLENS_TIME_LIMIT_S", "180"))
 DRAFT_SOURCES = {
     "n-gram (prompt lookup)": "ngram",
@@ -98,8 +99,8 @@ def make_config(
     seed,
     max_new,
 ) -> RunConfig:
-    if len(prompt or "") > 20000:
-        raise SpecLensError("the prompt is over 20,000 characters; shorten it")
+    if len(prompt or "") > MAX_PROMPT_CHARS:
+        raise SpecLensError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; shorten it")
     return RunConfig(
         target=(target or "").strip(),
         draft=draft_spec(source, n_layers, draft_model),

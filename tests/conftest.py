@@ -64,3 +64,27 @@ def specbench() -> list[dict]:
 
 def first_of(rows: list[dict], category: str) -> dict:
     return next(r for r in rows if r["category"] == category)
+
+
+@pytest.fixture(scope="session")
+def live_app():
+    """The real app on a free port of this machine, for the client and browser tests."""
+    import socket
+
+    from app.ui import build_demo, launch_options
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = launch_options() | {"server_name": "127.0.0.1", "server_port": port}
+    demo = build_demo().queue(max_size=32)
+    demo.launch(prevent_thread_lock=True, quiet=True, **options)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="session")
+def client(live_app):
+    from gradio_client import Client
+
+    return Client(live_app, analytics_enabled=False, verbose=False)

@@ -1,0 +1,140 @@
+"""gradio_client against the live app: every endpoint by api_name, on the offline default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import ROOT
+from gradio_client import handle_file
+
+from decoding.trace import Trace, check_invariants
+
+pytestmark = pytest.mark.slow
+
+NGRAM = "n-gram (prompt lookup)"
+PROMPT = "Repeat exactly: red, green, blue. red, green, blue. red, green, blue."
+
+
+def generate_args(prompt=PROMPT, **over):
+    args = {
+        "prompt": prompt,
+        "target": "smollm2-135m",
+        "source": NGRAM,
+        "n_layers": 10,
+        "draft_model": "smollm2-135m",
+        "k": 4,
+        "policy": "fixed",
+        "confidence": 0.4,
+        "temperature": 0,
+        "top_k": 0,
+        "top_p": 1,
+        "seed": 0,
+        "max_new": 20,
+        "compare": True,
+    }
+    args.update(over)
+    return args
+
+
+def figure_json(fig: dict) -> dict:
+    assert fig["type"] == "plotly"
+    return json.loads(fig["plot"])
+
+
+def test_generate_returns_trace_figures_and_downloads(client):
+    timeline, text, cards, *figs, json_path, csv_path, round_update = client.predict(
+        **generate_args(), api_name="/generate"
+    )
+    trace = Trace.load(json_path)
+    check_invariants(trace)
+    assert trace.meta["prompt"] == PROMPT and trace.meta["draft"] == "ngram"
+    assert trace.totals["identical_to_baseline"] is True and trace.totals["speedup"] > 0
+    assert text == trace.output.text and text.strip()
+    assert timeline.count("data-step=") == len(trace.steps)
+    assert "identical to plain decoding" in cards
+    assert len(figs) == 4 and all(figure_json(f)["data"] for f in figs)
+    header = open(csv_path).readline()
+    assert header.startswith("step,position,kind,token_id")
+    assert round_update["maximum"] == len(trace.steps)
+
+
+def test_every_draft_source_and_sampling(client):
+    for over in (
+        {"source": "first N layers of the target", "n_layers": 12, "k": 2},
+        {"source": "separate draft model", "policy": "confidence", "k": 6},
+        {"temperature": 0.8, "top_p": 0.9, "seed": 3, "policy": "heuristic", "compare": False},
+    ):
+        *_, json_path, _, _ = client.predict(**generate_args(max_new=10, **over), api_name="/generate")
+        check_invariants(Trace.load(json_path))
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"prompt": "   "}, "prompt is empty"),
+        ({"prompt": "x" * 60000}, "50,000 characters"),
+        ({"target": "no-such-model"}, "unknown model"),
+        ({"target": "someone/some-model"}, "not reachable"),
+        ({"source": "first N layers of the target", "n_layers": 40}, "layers:N needs"),
+        ({"source": "separate draft model", "draft_model": "nonsense"}, "unknown model"),
+        ({"prompt": "word " * 9000}, "context"),
+    ],
+)
+def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
+    with pytest.raises(Exception, match=message):
+        client.predict(**generate_args(**over), api_name="/generate")
+    *_, json_path, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    assert Trace.load(json_path).totals["new_tokens"] == 4
+
+
+def test_time_limit(client, monkeypatch):
+    from app import handlers
+
+    monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
+    with pytest.raises(Exception, match="limit"):
+        client.predict(**generate_args(), api_name="/generate")
+
+
+def test_two_sessions_get_their_own_traces(live_app):
+    from gradio_client import Client
+
+    a, b = (Client(live_app, analytics_enabled=False, verbose=False) for _ in range(2))
+    prompts = ["Count: one, two, three, four.", "Name three colours."]
+    jobs = [c.submit(**generate_args(p, max_new=12), api_name="/generate") for c, p in zip((a, b), prompts)]
+    for job, prompt in zip(jobs, prompts):
+        *_, json_path, _, _ = job.result(timeout=300)
+        assert Trace.load(json_path).meta["prompt"] == prompt
+
+
+def test_sweep(client):
+    speedup, acceptance, table, csv_path, summary = client.predict(
+        PROMPT, "smollm2-135m", NGRAM, 10, "smollm2-135m", 0, 0, 1, 0, 16, 1, 3, api_name="/sweep"
+    )
+    assert [row[0] for row in table["data"]] == [1, 2, 3]
+    names = [d.get("name") for d in figure_json(speedup)["data"]]
+    assert {"measured", "Leviathan (V = 1 step)", "measured verify cost", "best"} <= set(names)
+    assert "Best k" in summary
+    assert open(csv_path).readline().startswith("k,acceptance_rate")
+
+
+def test_theory_and_simulate(client):
+    fig, text = client.predict(0.8, 0.0, 0.0, 10, api_name="/theory")
+    assert "γ = 10" in text  # free drafts and free verification: longer is always better
+    assert len(figure_json(fig)["data"]) == 2
+    fig, text = client.predict(0.8, 0.1, 0.5, 10, api_name="/theory")
+    assert "γ = 10" not in text and len(figure_json(fig)["data"]) == 3
+    timeline, sentence = client.predict(0.7, 3, 2, 0, api_name="/simulate")
+    assert timeline.count("data-step=") == 2 and "2 rounds gave" in sentence
+
+
+def test_replay_examples_and_upload(client):
+    example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
+    round_update, timeline, sentence, cards, *figs = client.predict(None, example.stem, api_name="/replay")
+    n = len(Trace.load(example).steps)
+    assert round_update["maximum"] == n and sentence.startswith("Round 1:")
+    assert timeline.count("data-step=") == 1 and len(figs) == 4
+    _, timeline, sentence, *_ = client.predict(handle_file(str(example)), None, api_name="/replay")
+    assert sentence.startswith("Round 1:")
+    with pytest.raises(Exception, match="upload a trace"):
+        client.predict(None, None, api_name="/replay")

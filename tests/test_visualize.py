@@ -1,0 +1,160 @@
+"""visualize/: pure functions of a trace, tested without Gradio or a model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from decoding import costmodel
+from decoding.trace import DraftToken, Emitted, Output, Step, Trace, Verdict, check_invariants
+from visualize.cards import stats_html
+from visualize.charts import accepted_length_histogram, theory_figure, trace_figures
+from visualize.explain import explain_step
+from visualize.simulate import simulate_trace
+from visualize.timeline import timeline_html
+
+EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*.json"))
+
+
+def hand_made() -> Trace:
+    """Three rounds covering every kind: rejected then correction, bonus, and an accepted EOS."""
+    steps = [
+        Step(
+            3,
+            [
+                DraftToken(1, "<script>alert(1)</script>", 0.9),
+                DraftToken(2, " b", 0.8),
+                DraftToken(3, " c", 0.7),
+            ],
+            [Verdict(0.6, 1.0, None, True), Verdict(0.1, 0.0, None, False), Verdict(0.2, 1.0, None, False)],
+            1,
+            Emitted(4, " d", "correction", 0.7),
+            10.0,
+            20.0,
+            31.0,
+        ),
+        Step(
+            2,
+            [DraftToken(5, "\n", 0.9), DraftToken(6, " f", 0.9)],
+            [Verdict(0.9, 1.0, None, True), Verdict(0.8, 1.0, None, True)],
+            2,
+            Emitted(7, " g", "bonus", 0.6),
+            9.0,
+            21.0,
+            30.0,
+        ),
+        Step(1, [DraftToken(8, "</s>", 0.9)], [Verdict(0.9, 1.0, None, True)], 1, None, 5.0, 15.0, 20.0),
+    ]
+    trace = Trace(meta={"prompt": "Hi & <b>bold</b>", "sampling": {"greedy": True}}, steps=steps)
+    trace.output = Output("x", [1, 4, 5, 6, 7, 8])
+    trace.compute_totals(0.1)
+    return trace
+
+
+def test_hand_made_trace_is_consistent():
+    check_invariants(hand_made())
+
+
+def test_timeline_escapes_and_colours_every_kind():
+    html = timeline_html(hand_made())
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>" not in html
+    for kind in ("prompt", "accepted", "rejected", "correction", "bonus"):
+        assert f'class="sl-tok sl-{kind}"' in html
+    assert html.count("data-step=") == 3
+    assert "↵" in html  # a newline token stays visible
+    assert "q (draft) = 0.800" in html and "accept prob" in html  # the hover text
+
+
+def test_timeline_upto_and_selected():
+    html = timeline_html(hand_made(), upto=2, selected=1)
+    assert html.count("data-step=") == 2
+    assert 'class="sl-round sl-selected" data-step="1"' in html
+
+
+def test_explanations_say_what_happened():
+    t = hand_made()
+    first = explain_step(t.steps[0], 0)
+    assert "kept “<script>alert(1)</script>”" in first and "rejected “ b”" in first
+    assert "wrote “ d” instead" in first and "1 draft token after it was discarded" in first
+    assert "added “ g” for free" in explain_step(t.steps[1], 1)
+    assert "ended the text" in explain_step(t.steps[2], 2)
+
+
+def test_sampling_explanation_gives_p_q_and_u():
+    step = Step(
+        1,
+        [DraftToken(1, " x", 0.8)],
+        [Verdict(0.2, 0.25, 0.6, False)],
+        0,
+        Emitted(2, " y", "correction", 0.3),
+        1,
+        1,
+        2,
+    )
+    text = explain_step(step, 4, greedy=False)
+    assert text.startswith("Round 5:") and "min(1, 0.20/0.80) = 0.25" in text and "u=0.60" in text
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_traces_render(path):
+    trace = Trace.load(path)
+    check_invariants(trace)
+    figs = trace_figures(trace)
+    assert len(figs) == 4 and all(len(f.data) >= 1 for f in figs)
+    assert "acceptance rate" in stats_html(trace)
+    assert timeline_html(trace).count("data-step=") == len(trace.steps)
+
+
+def test_histogram_counts_rounds():
+    fig = accepted_length_histogram(hand_made())
+    assert sum(fig.data[0].y) == 3
+
+
+def test_cost_model_formulas():
+    assert costmodel.expected_tokens(0.0, 5) == 1.0
+    assert costmodel.expected_tokens(1.0, 5) == 6.0
+    assert costmodel.expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert costmodel.expected_speedup(0.5, 2, 0.0) == pytest.approx(1.75)
+    assert costmodel.expected_speedup(0.5, 2, 0.5) == pytest.approx(1.75 / 2)
+    assert costmodel.expected_speedup_measured(0.5, 2, 1.0, 0.0, 1.75) == pytest.approx(1.0)
+    fig = theory_figure(0.7, 0.1, 0.2, 8)
+    assert len(fig.data) == 3 and len(fig.data[0].x) == 8
+
+
+def test_simulation_matches_the_formula():
+    alpha, gamma = 0.7, 4
+    trace = simulate_trace(alpha, gamma, rounds=4000, seed=1)
+    check_invariants(trace)
+    assert trace.totals["tokens_per_step"] == pytest.approx(costmodel.expected_tokens(alpha, gamma), rel=0.03)
+    assert costmodel.estimate_alpha(trace) == pytest.approx(alpha, abs=0.02)
+
+
+def run_isolated(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_visualize_needs_no_model_libraries():
+    out = run_isolated(
+        "import sys, glob\n"
+        "from decoding.trace import Trace\n"
+        "from visualize import timeline, charts, cards, explain, simulate\n"
+        "t = Trace.load(sorted(glob.glob('assets/traces/*.json'))[0])\n"
+        "timeline.timeline_html(t); charts.trace_figures(t)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    assert out.strip() == "[]"
+
+
+def test_decoding_imports_no_ui_code():
+    out = run_isolated(
+        "import sys\n"
+        "import decoding.runner, decoding.sweep, decoding.cli, decoding.costmodel\n"
+        "print(sorted(m for m in ('gradio', 'plotly') if m in sys.modules))\n"
+    )
+    assert out.strip() == "[]"
