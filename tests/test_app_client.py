@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -54,7 +55,7 @@ def test_generate_returns_trace_figures_and_downloads(client):
     assert timeline.count("data-step=") == len(trace.steps)
     assert "identical to plain decoding" in cards
     assert len(figs) == 4 and all(figure_json(f)["data"] for f in figs)
-    header = open(csv_path).readline()
+    header = Path(csv_path).read_text().splitlines()[0]
     assert header.startswith("step,position,kind,token_id")
     assert round_update["maximum"] == len(trace.steps)
 
@@ -115,7 +116,7 @@ def test_sweep(client):
     names = [d.get("name") for d in figure_json(speedup)["data"]]
     assert {"measured", "Leviathan (V = 1 step)", "measured verify cost", "best"} <= set(names)
     assert "Best k" in summary
-    assert open(csv_path).readline().startswith("k,acceptance_rate")
+    assert Path(csv_path).read_text().startswith("k,acceptance_rate")
 
 
 def test_theory_and_simulate(client):
