@@ -151,7 +151,7 @@ def _decode_in_thread(config: RunConfig, steps: queue.Queue) -> threading.Thread
     return thread
 
 
-EXPLORE_OUTPUTS = 11  # timeline, text, cards, 4 charts, 2 downloads, trace state, round slider
+EXPLORE_OUTPUTS = 12  # timeline, text, cards, 4 charts, 2 downloads, trace state, round slider, sentence
 
 
 @gpu
@@ -210,6 +210,7 @@ def run_explore(
             *save_downloads(trace),
             trace.to_dict(),
             gr.update(maximum=max(1, len(trace.steps)), value=1),
+            explain_step(trace.steps[0], 0) if trace.steps else "",
         ]
 
 

@@ -74,7 +74,7 @@ def build_demo() -> gr.Blocks:
             top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
             top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
             seed = gr.Number(value=0, precision=0, label="Seed")
-            max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens")
+            max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="max-new")
         pair.change(lambda p: PAIRS[p], pair, [target, source, draft_model], api_visibility="private")
 
         with gr.Tabs():
@@ -107,7 +107,7 @@ def build_demo() -> gr.Blocks:
                 sweep_prompt = gr.Textbox(value=example_prompts()[1], lines=3, label="Prompt")
                 with gr.Row():
                     k_from = gr.Slider(K_MIN, K_MAX, value=1, step=1, label="k from")
-                    k_to = gr.Slider(K_MIN, K_MAX, value=6, step=1, label="k to")
+                    k_to = gr.Slider(K_MIN, K_MAX, value=6, step=1, label="k to", elem_id="k-to")
                     sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep")
                 sweep_summary = gr.Markdown(elem_id="sweep-summary")
                 with gr.Row():
@@ -165,7 +165,7 @@ def build_demo() -> gr.Blocks:
         run.click(
             h.run_explore,
             decode_inputs,
-            [timeline, text, cards, *figs, json_file, csv_file, trace_state, round_no],
+            [timeline, text, cards, *figs, json_file, csv_file, trace_state, round_no, sentence],
             api_name="generate",
             **MODEL,
         )

@@ -44,7 +44,7 @@ def figure_json(fig: dict) -> dict:
 
 
 def test_generate_returns_trace_figures_and_downloads(client):
-    timeline, text, cards, *figs, json_path, csv_path, round_update = client.predict(
+    timeline, text, cards, *figs, json_path, csv_path, round_update, sentence = client.predict(
         **generate_args(), api_name="/generate"
     )
     trace = Trace.load(json_path)
@@ -58,6 +58,7 @@ def test_generate_returns_trace_figures_and_downloads(client):
     header = Path(csv_path).read_text().splitlines()[0]
     assert header.startswith("step,position,kind,token_id")
     assert round_update["maximum"] == len(trace.steps)
+    assert sentence.startswith("Round 1: the draft")
 
 
 def test_every_draft_source_and_sampling(client):
@@ -66,7 +67,7 @@ def test_every_draft_source_and_sampling(client):
         {"source": "separate draft model", "policy": "confidence", "k": 6},
         {"temperature": 0.8, "top_p": 0.9, "seed": 3, "policy": "heuristic", "compare": False},
     ):
-        *_, json_path, _, _ = client.predict(**generate_args(max_new=10, **over), api_name="/generate")
+        *_, json_path, _, _, _ = client.predict(**generate_args(max_new=10, **over), api_name="/generate")
         check_invariants(Trace.load(json_path))
 
 
@@ -85,7 +86,7 @@ def test_every_draft_source_and_sampling(client):
 def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
     with pytest.raises(Exception, match=message):
         client.predict(**generate_args(**over), api_name="/generate")
-    *_, json_path, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals["new_tokens"] == 4
 
 
@@ -104,7 +105,7 @@ def test_two_sessions_get_their_own_traces(live_app):
     prompts = ["Count: one, two, three, four.", "Name three colours."]
     jobs = [c.submit(**generate_args(p, max_new=12), api_name="/generate") for c, p in zip((a, b), prompts)]
     for job, prompt in zip(jobs, prompts):
-        *_, json_path, _, _ = job.result(timeout=300)
+        *_, json_path, _, _, _ = job.result(timeout=300)
         assert Trace.load(json_path).meta["prompt"] == prompt
 
 

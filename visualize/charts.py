@@ -22,7 +22,9 @@ COLORS = {
 }
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+def _layout(fig: go.Figure, title: str, x: str, y: str, whole_x: bool = False) -> go.Figure:
+    if whole_x:  # positions, counts and draft lengths are whole numbers
+        fig.update_xaxes(dtick=1)
     fig.update_layout(
         title=title,
         xaxis_title=x,
@@ -47,7 +49,9 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
         )
     )
     fig.update_yaxes(range=[0, 1])
-    return _layout(fig, "Acceptance by draft position (when reached)", "draft position", "acceptance rate")
+    return _layout(
+        fig, "Acceptance by draft position (when reached)", "draft position", "acceptance rate", whole_x=True
+    )
 
 
 def accepted_length_histogram(trace: Trace) -> go.Figure:
@@ -55,7 +59,7 @@ def accepted_length_histogram(trace: Trace) -> go.Figure:
     top = max([s.k for s in trace.steps] + [0])
     xs = list(range(top + 1))
     fig = go.Figure(go.Bar(x=xs, y=[counts.get(x, 0) for x in xs], marker_color=COLORS["bonus"]))
-    return _layout(fig, "Accepted tokens per round", "accepted draft tokens", "rounds")
+    return _layout(fig, "Accepted tokens per round", "accepted draft tokens", "rounds", whole_x=True)
 
 
 def round_time_split(trace: Trace) -> go.Figure:
@@ -134,7 +138,13 @@ def speedup_curve(table: pd.DataFrame) -> go.Figure:
         name="best",
     )
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
-    return _layout(fig, "Speedup over plain decoding against draft length", "k (draft length)", "speedup (×)")
+    return _layout(
+        fig,
+        "Speedup over plain decoding against draft length",
+        "k (draft length)",
+        "speedup (×)",
+        whole_x=True,
+    )
 
 
 def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
@@ -146,7 +156,9 @@ def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
     fig.update_layout(
         yaxis={"range": [0, 1]}, yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"}
     )
-    return _layout(fig, "Acceptance against draft length", "k (draft length)", "acceptance rate")
+    return _layout(
+        fig, "Acceptance against draft length", "k (draft length)", "acceptance rate", whole_x=True
+    )
 
 
 def theory_figure(alpha: float, c: float, verify_growth: float, gamma_max: int = 16) -> go.Figure:

@@ -1,0 +1,139 @@
+"""A real browser (Debian's Chromium, driven by Playwright) against the live app.
+
+Screenshots land in artifacts/ (or $SPECLENS_ARTIFACTS) as test artefacts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from decoding.trace import Trace, check_invariants
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(os.environ.get("SPECLENS_ARTIFACTS", ROOT / "artifacts"))
+LONG = 180_000  # ms: a run on two CPU cores, with a plain run to compare
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing: `make browser` installs Debian's chromium")
+        pytest.skip("Chromium is not installed (make browser)")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, live_app):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page = context.new_page()
+    page.goto(live_app, wait_until="load")
+    page.wait_for_selector("#run", timeout=60_000)
+    yield page
+    context.close()
+
+
+def set_number(page, elem_id: str, value: int) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def test_explore_run_timeline_charts_and_download(page):
+    page.fill("#prompt textarea", "Repeat exactly: red, green, blue. red, green, blue. red, green, blue.")
+    set_number(page, "max-new", 24)
+    page.click("#run")
+    page.wait_for_selector("#cards .sl-card", timeout=LONG)
+    page.wait_for_function("document.querySelector('#cards').innerText.includes('identical')", timeout=LONG)
+    page.wait_for_selector("#trace-json a", timeout=30_000)
+    with page.expect_download() as info:
+        page.locator("#trace-json a").first.click()
+    path = ARTIFACTS / "browser-trace.json"
+    info.value.save_as(path)
+    trace = Trace.load(path)
+    check_invariants(trace)
+
+    kinds = {"accepted"} if any(s.n_accepted for s in trace.steps) else set()
+    kinds |= {"rejected"} if any(s.n_accepted < s.k for s in trace.steps) else set()
+    kinds |= {s.emitted.kind for s in trace.steps if s.emitted}
+    for kind in kinds | {"prompt"}:
+        chip = page.locator(f"#timeline .sl-rounds .sl-tok.sl-{kind}").first
+        assert chip.is_visible(), kind
+        colour = chip.evaluate("e => getComputedStyle(e).backgroundColor")
+        assert colour not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)"), (kind, colour)
+    assert page.locator("#timeline [data-step]").count() == len(trace.steps)
+    if "rejected" in kinds:
+        struck = page.locator("#timeline .sl-rounds .sl-tok.sl-rejected").first
+        assert "line-through" in struck.evaluate("e => getComputedStyle(e).textDecorationLine")
+
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    assert page.locator(".js-plotly-plot").count() >= 4
+
+    first_round = page.locator("#timeline [data-step='0']")
+    first_round.hover()
+    assert first_round.locator(".sl-explain").is_visible()
+    assert first_round.locator(".sl-explain").inner_text().startswith("Round 1:")
+    page.screenshot(path=ARTIFACTS / "explore.png", full_page=True)
+
+
+def test_sweep_three_points(page):
+    page.get_by_role("tab", name="Draft-length sweep").click()
+    set_number(page, "k-to", 3)
+    page.click("#sweep")
+    page.wait_for_function(
+        "document.querySelector('#sweep-summary').innerText.includes('Best k')", timeout=LONG
+    )
+    page.wait_for_selector("#speedup-plot .js-plotly-plot .main-svg", timeout=30_000)
+    page.screenshot(path=ARTIFACTS / "sweep.png", full_page=True)
+
+
+def test_replay_example_and_step_through(page):
+    page.get_by_role("tab", name="Replay").click()
+    example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
+    page.click("#example input")
+    page.get_by_role("option", name=example.stem).click()
+    page.click("#load")
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
+    )
+    page.click("#next")
+    page.click("#next")
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 3:')", timeout=30_000
+    )
+    assert page.locator("#replay-timeline [data-step]").count() == 3
+    assert page.locator("#replay-timeline .sl-selected[data-step='2']").count() == 1
+    page.click("#prev")
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 2:')", timeout=30_000
+    )
+    page.screenshot(path=ARTIFACTS / "replay.png", full_page=True)
+
+
+def test_theory_simulation(page):
+    page.get_by_role("tab", name="Theory").click()
+    page.click("#simulate")
+    page.wait_for_selector("#sim-timeline [data-step='0']", timeout=30_000)
+    page.screenshot(path=ARTIFACTS / "theory.png", full_page=True)
