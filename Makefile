@@ -21,13 +21,13 @@ setup: $(VENV)/.installed
 	$(PY) -m decoding prepare smollm2-135m
 
 run: setup
-	$(PY) -m decoding generate --prompt "Explain speculative decoding in two sentences." --draft ngram --baseline
+	$(PY) app.py
 
 # Debian's Chromium for the browser tests (Playwright's own download cannot work offline).
 browser:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
-test: setup
+test: setup browser
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest

@@ -35,6 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trace-out", type=Path, help="write the trace JSON here")
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best available)")
     g.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
+    g.add_argument(
+        "--compile", action="store_true", help="torch.compile the models (slow start, faster steps)"
+    )
+
+    b = sub.add_parser("bench", help="SpecLens vs plain decoding vs Hugging Face, interleaved per prompt")
+    b.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL (category, prompt)")
+    b.add_argument("--target", default="smollm2-135m")
+    b.add_argument("--draft", default="ngram")
+    b.add_argument("--k", type=int, default=4)
+    b.add_argument("--policy", choices=POLICIES, default="fixed")
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--max-new-tokens", type=int, default=128)
+    b.add_argument("--limit", type=int, default=2, help="prompts per category")
+    b.add_argument("--out", type=Path, default=Path("benchmarks/latest"))
+    b.add_argument("--device", default=None)
+    b.add_argument("--dtype", default=None)
+    b.add_argument("--compile", action="store_true", help="torch.compile the models (warm-up takes minutes)")
+    b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
+
     p = sub.add_parser("prepare", help="convert offline presets into the model cache (once)")
     p.add_argument("models", nargs="*", default=["smollm2-135m"], help="presets or paths to convert")
     return parser
@@ -53,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             return _generate(args)
         if args.command == "prepare":
             return _prepare(args)
+        if args.command == "bench":
+            return _bench(args)
     except SpecLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -80,11 +101,37 @@ def _generate(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         device=args.device,
         dtype=args.dtype,
+        compile=args.compile,
     )
     trace = generate(config)
     if args.trace_out:
         trace.save(args.trace_out)
     print(summary(trace))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import BenchConfig, run_bench
+
+    if args.limit < 1:
+        raise SpecLensError(f"--limit must be at least 1, got {args.limit}")
+    cfg = BenchConfig(
+        prompts=args.prompts,
+        target=args.target,
+        draft=args.draft,
+        k=args.k,
+        policy=args.policy,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        limit=args.limit,
+        out=args.out,
+        device=args.device,
+        dtype=args.dtype,
+        compile=args.compile,
+        warmup=not args.no_warmup,
+    )
+    run_bench(cfg)
+    print((args.out / "summary.md").read_text())
     return 0
 
 

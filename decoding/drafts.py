@@ -15,7 +15,7 @@ import torch
 
 from .errors import SpecLensError
 from .forward import crop, forward, new_cache
-from .models import LoadedModel, check_same_tokenizer, load_model
+from .models import LoadedModel, check_same_tokenizer, compile_forward, load_model
 from .verify import Sampling, warp
 
 
@@ -180,7 +180,10 @@ def build_draft(spec: str, target: LoadedModel) -> Draft | None:
             n = int(spec.split(":", 1)[1])
         except ValueError:
             raise SpecLensError(f"layers:N needs a whole number N, got '{spec}'") from None
-        return LayerDraft(target.model, n, target.vocab_size)
-    draft = load_model(spec, str(target.device), str(target.dtype).removeprefix("torch."))
+        draft = LayerDraft(target.model, n, target.vocab_size)
+        if target.compiled:
+            compile_forward(draft.model)
+        return draft
+    draft = load_model(spec, str(target.device), str(target.dtype).removeprefix("torch."), target.compiled)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, spec)
     return ModelDraft(draft.model, target.vocab_size, spec)

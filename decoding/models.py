@@ -144,6 +144,7 @@ class LoadedModel:
     tokenizer: object
     device: torch.device
     dtype: torch.dtype
+    compiled: bool = False
 
     @property
     def vocab_size(self) -> int:
@@ -151,28 +152,49 @@ class LoadedModel:
         return self.model.get_output_embeddings().weight.shape[0]
 
 
-_loaded: dict[tuple[str, str, str], LoadedModel] = {}
+_loaded: dict[tuple[str, str, str, bool], LoadedModel] = {}
 _load_lock = threading.Lock()
 
 
-def load_model(name: str, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+def load_model(
+    name: str, device: str | None = None, dtype: str | None = None, compile: bool = False
+) -> LoadedModel:
     """Load a model and its tokenizer once per process.
 
     `name` is a preset, a folder holding a transformers model, a `.gguf`
-    file, or a hub id (`owner/name`).
+    file, or a hub id (`owner/name`). `compile` runs its forward pass
+    through `torch.compile` (see `compile_forward`).
     """
     name = (name or "").strip()
     if not name:
         raise ModelNotFoundError("no model given: name a preset, a folder, a .gguf file or a hub id")
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
-    key = (name, str(dev), str(dt))
+    key = (name, str(dev), str(dt), compile)
     with _load_lock:
         if key not in _loaded:
             source = resolve_source(name)
             _check_fits(source, dt, dev)
-            _loaded[key] = _load(name, source, dev, dt)
+            loaded = _load(name, source, dev, dt)
+            if compile:
+                compile_forward(loaded.model)
+                loaded.compiled = True
+            _loaded[key] = loaded
         return _loaded[key]
+
+
+def compile_forward(model: torch.nn.Module) -> None:
+    """Compile the forward pass with inductor, weights frozen as constants.
+
+    Freezing lets inductor pre-pack the weights for oneDNN once, instead of
+    re-laying them out on every call; with dynamic shapes one graph serves
+    every cache length. Compiling takes minutes on a small CPU, so this is
+    for benchmarks and long sessions, not the default.
+    """
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    model.forward = torch.compile(model.forward, dynamic=True)
 
 
 def resolve_source(name: str) -> str:

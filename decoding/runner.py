@@ -35,6 +35,7 @@ class RunConfig:
     baseline: bool = False
     device: str | None = None
     dtype: str | None = None
+    compile: bool = False
 
 
 def token_texts(tokenizer) -> callable:
@@ -103,7 +104,7 @@ def library_versions() -> dict[str, str]:
 def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
     """Load (once), decode speculatively, optionally decode plainly too, and trace it all."""
     policy = make_policy(config.policy, config.k, config.confidence)
-    target = load_model(config.target, config.device, config.dtype)
+    target = load_model(config.target, config.device, config.dtype, config.compile)
     prompt_ids = encode_prompt(target, config.prompt, config.chat)
     check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
     draft = build_draft(config.draft, target)
@@ -131,7 +132,7 @@ def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
 
 def plain_baseline(config: RunConfig) -> Baseline:
     """Decode `config.prompt` with the target alone: the reference for speed and output."""
-    target = load_model(config.target, config.device, config.dtype)
+    target = load_model(config.target, config.device, config.dtype, config.compile)
     prompt_ids = encode_prompt(target, config.prompt, config.chat)
     check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
     plain = autoregressive_generate(
@@ -151,6 +152,7 @@ def _meta(config: RunConfig, target: LoadedModel, draft: Draft, policy: dict, pr
         "draft": draft.name,
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
+        "compiled": target.compiled,
         "policy": policy,
         "sampling": {
             "temperature": s.temperature,

@@ -15,7 +15,7 @@ import torch
 from .drafts import Draft, Proposal, empty_proposal
 from .forward import crop, forward, new_cache
 from .policies import Policy
-from .trace import DraftToken, Emitted, Step, Trace, Verdict
+from .trace import DraftToken, Emitted, Step, Trace, Verdict, totals_from_counts
 from .verify import Sampling, Verification, verify_greedy, verify_sampling, warp
 
 StepCallback = Callable[[Step, Trace], None]
@@ -57,11 +57,14 @@ def speculative_generate(
     token_text: Callable[[int], str] = str,
     on_step: StepCallback | None = None,
     meta: dict | None = None,
+    record: bool = True,
 ) -> Trace:
     """Draft, verify, repeat; returns the full Trace of the run.
 
     `prompt_ids` is [1, n] on the target's device. `on_step` is called after
     every round with the new Step and the trace so far (for live UIs).
+    With `record=False` nothing per round is kept or timed, only the totals:
+    the benchmark uses it to measure what tracing costs.
     """
     device = prompt_ids.device
     clock = Clock(device)
@@ -75,17 +78,18 @@ def speculative_generate(
     draft.reset()
     seq = prompt_ids
     finished = False
+    rounds = proposed = accepted = 0
     while not finished and len(output) < max_new_tokens:
-        t0 = clock()
+        t0 = clock() if record else 0.0
         # Leave room for the token the target adds, so a round never overshoots.
         k = min(policy.next_k(), max_new_tokens - len(output) - 1)
         proposal = draft.propose(seq, k, sampling, generator, policy.min_confidence) if k > 0 else None
         proposal = _cut_after_eos(proposal or empty_proposal(device), eos)
-        t1 = clock()
+        t1 = clock() if record else 0.0
         candidates = torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
         logits = forward(target, candidates, cache)
         verdict = _verify(logits, proposal, sampling, generator)
-        t2 = clock()
+        t2 = clock() if record else 0.0
 
         n = verdict.n_accepted
         kept = proposal.tokens[:n].tolist()
@@ -98,6 +102,9 @@ def speculative_generate(
         seq = torch.cat([seq, torch.tensor([new], device=device)], dim=1)
         output.extend(new)
         policy.update(n, len(proposal))
+        if not record:
+            rounds, proposed, accepted = rounds + 1, proposed + len(proposal), accepted + n
+            continue
 
         step = _record(proposal, verdict, None if ended_in_draft else emitted, token_text)
         step.draft_ms, step.verify_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
@@ -108,6 +115,9 @@ def speculative_generate(
 
     wall = clock() - start
     trace.output.token_ids = output
+    if not record:
+        trace.totals = totals_from_counts(rounds, len(output), proposed, accepted, wall)
+        return trace
     trace.compute_totals(wall)
     trace.totals["prefill_ms"] = (trace.totals["wall_s"] - sum(s.step_ms for s in trace.steps) / 1e3) * 1e3
     return trace

@@ -98,24 +98,16 @@ class Trace:
         return times
 
     def compute_totals(self, wall_s: float) -> dict[str, Any]:
-        proposed = sum(s.k for s in self.steps)
-        accepted = sum(s.n_accepted for s in self.steps)
-        new_tokens = sum(s.new_tokens for s in self.steps)
-        n_steps = len(self.steps)
-        totals = {
-            "steps": n_steps,
-            "new_tokens": new_tokens,
-            "proposed": proposed,
-            "accepted": accepted,
-            "acceptance_rate": accepted / proposed if proposed else 0.0,
-            "tokens_per_step": new_tokens / n_steps if n_steps else 0.0,
-            "wall_s": wall_s,
-            "tokens_per_s": new_tokens / wall_s if wall_s > 0 else 0.0,
-            "draft_s": sum(s.draft_ms for s in self.steps) / 1000,
-            "verify_s": sum(s.verify_ms for s in self.steps) / 1000,
-        }
-        self.totals = totals
-        return totals
+        self.totals = totals_from_counts(
+            steps=len(self.steps),
+            new_tokens=sum(s.new_tokens for s in self.steps),
+            proposed=sum(s.k for s in self.steps),
+            accepted=sum(s.n_accepted for s in self.steps),
+            wall_s=wall_s,
+        )
+        self.totals["draft_s"] = sum(s.draft_ms for s in self.steps) / 1000
+        self.totals["verify_s"] = sum(s.verify_ms for s in self.steps) / 1000
+        return self.totals
 
     def attach_baseline(self, baseline: Baseline) -> None:
         self.baseline = baseline
@@ -169,6 +161,21 @@ class Trace:
         import pandas as pd
 
         return pd.DataFrame(token_events(self), columns=EVENT_COLUMNS)
+
+
+def totals_from_counts(
+    steps: int, new_tokens: int, proposed: int, accepted: int, wall_s: float
+) -> dict[str, Any]:
+    return {
+        "steps": steps,
+        "new_tokens": new_tokens,
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance_rate": accepted / proposed if proposed else 0.0,
+        "tokens_per_step": new_tokens / steps if steps else 0.0,
+        "wall_s": wall_s,
+        "tokens_per_s": new_tokens / wall_s if wall_s > 0 else 0.0,
+    }
 
 
 def _step_from_dict(s: dict[str, Any]) -> Step:

@@ -89,3 +89,18 @@ def test_invariant_checker_catches_a_broken_trace(tiny_target):
 def test_loading_garbage_is_a_clear_error(text):
     with pytest.raises(ValueError, match="not a SpecLens trace"):
         Trace.from_json(text)
+
+
+def test_untraced_run_has_the_same_output_and_totals(tiny_target):
+    prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9]])
+    for draft in (NGramDraft(), ModelDraft(tiny_target, 64, "self")):
+        runs = [
+            speculative_generate(
+                tiny_target, prompt, draft, make_policy("heuristic", 3), max_new_tokens=40, record=r
+            )
+            for r in (True, False)
+        ]
+        traced, bare = runs
+        assert bare.steps == [] and bare.output.token_ids == traced.output.token_ids
+        for key in ("steps", "new_tokens", "proposed", "accepted", "acceptance_rate", "tokens_per_step"):
+            assert bare.totals[key] == traced.totals[key], key

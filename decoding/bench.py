@@ -1,0 +1,313 @@
+"""`python -m decoding bench`: SpecLens against plain decoding and Hugging Face
+assisted generation, interleaved prompt by prompt so machine drift falls on
+all methods alike.
+
+Per prompt, in this order:
+  A  SpecLens speculative decoding, fully traced
+  B  plain autoregressive decoding, same target, same cache and timing
+  C  Hugging Face `generate()` with the same drafting (greedy only)
+  D  SpecLens again with tracing off, to measure what tracing costs
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import costmodel
+from .drafts import Draft, LayerDraft, ModelDraft, NGramDraft, build_draft
+from .errors import SpecLensError
+from .models import LoadedModel, load_model
+from .policies import make_policy
+from .runner import encode_prompt, eos_ids, library_versions, token_texts
+from .speculative import Clock, autoregressive_generate, speculative_generate
+from .trace import Trace
+from .verify import Sampling
+
+CSV_COLUMNS = [
+    "category",
+    "question_id",
+    "prompt_tokens",
+    "new_tokens",
+    "acceptance_rate",
+    "alpha",
+    "tokens_per_step",
+    "tps_speclens",
+    "tps_plain",
+    "tps_hf",
+    "tps_untraced",
+    "speedup_vs_plain",
+    "ratio_vs_hf",
+    "tracing_overhead",
+    "predicted_speedup",
+    "identical_plain",
+    "identical_hf",
+]
+
+
+@dataclass
+class BenchConfig:
+    prompts: Path
+    target: str = "smollm2-135m"
+    draft: str = "ngram"
+    k: int = 4
+    policy: str = "fixed"
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    limit: int = 2  # prompts per category
+    out: Path = Path("benchmarks/latest")
+    device: str | None = None
+    dtype: str | None = None
+    compile: bool = False
+    warmup: bool = True
+
+
+def read_prompts(path: Path, limit: int) -> list[dict]:
+    if not path.is_file():
+        raise SpecLensError(f"no prompts file at '{path}'")
+    rows, seen = [], {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            category, prompt = row["category"], row["prompt"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise SpecLensError(f"{path}:{n}: expected a JSON object with category and prompt") from None
+        if seen.get(category, 0) < limit:
+            seen[category] = seen.get(category, 0) + 1
+            rows.append({"category": category, "question_id": row.get("question_id", n), "prompt": prompt})
+    if not rows:
+        raise SpecLensError(f"'{path}' holds no prompts")
+    return rows
+
+
+def hf_generate(
+    target: LoadedModel, draft: Draft, k: int, prompt_ids: torch.Tensor, max_new: int
+) -> tuple[list[int], float]:
+    """Hugging Face assisted generation with the drafting that matches `draft`, greedy, constant k."""
+    kwargs: dict = {
+        "do_sample": False,
+        "max_new_tokens": max_new,
+        "pad_token_id": target.tokenizer.eos_token_id,
+    }
+    if isinstance(draft, NGramDraft):
+        kwargs |= {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": draft.max_ngram}
+    elif isinstance(draft, LayerDraft):
+        kwargs |= {"assistant_early_exit": draft.model.config.num_hidden_layers}
+    elif isinstance(draft, ModelDraft):
+        kwargs |= {"assistant_model": draft.model}
+    if not isinstance(draft, NGramDraft):
+        kwargs |= {
+            "num_assistant_tokens": k,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
+    clock = Clock(target.device)
+    start = clock()
+    with torch.inference_mode():
+        out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), **kwargs)
+    wall = clock() - start
+    return out[0, prompt_ids.shape[1] :].tolist(), wall
+
+
+def _tps(n: int, wall: float) -> float:
+    return n / wall if wall > 0 else 0.0
+
+
+def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
+    """The cost model applied to the rounds as they were drafted.
+
+    Each round with k_i proposals is expected to yield E[tokens](alpha, k_i)
+    and to cost k_i * T_draft + V(k_i + 1), with alpha, T_draft and V measured
+    on this run; T_target is plain decoding's time per token.
+    """
+    alpha = costmodel.estimate_alpha(trace)
+    t_draft = costmodel.draft_ms_per_token(trace)
+    verify = costmodel.verify_cost_ms([trace])
+    tokens = sum(costmodel.expected_tokens(alpha, s.k) for s in trace.steps)
+    cost = sum(s.k * t_draft + verify[s.k + 1] for s in trace.steps)
+    return tokens * t_target_ms / cost if cost else 0.0
+
+
+def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str) -> dict:
+    sampling = Sampling(cfg.temperature)
+    ids = encode_prompt(target, prompt, chat=True)
+    eos = eos_ids(target)
+    text = token_texts(target.tokenizer)
+
+    def speculative(record: bool) -> Trace:
+        policy = make_policy(cfg.policy, cfg.k)
+        return speculative_generate(
+            target.model, ids, draft, policy, sampling, cfg.max_new_tokens, eos, text, record=record
+        )
+
+    a = speculative(record=True)
+    b = autoregressive_generate(target.model, ids, sampling, cfg.max_new_tokens, eos)
+    c_ids, c_wall = (
+        hf_generate(target, draft, cfg.k, ids, cfg.max_new_tokens) if sampling.greedy else (None, 0.0)
+    )
+    d = speculative(record=False)
+
+    n = len(a.output.token_ids)
+    tps_a, tps_b, tps_d = a.totals["tokens_per_s"], _tps(len(b.token_ids), b.wall_s), d.totals["tokens_per_s"]
+    tps_c = _tps(len(c_ids), c_wall) if c_ids is not None else math.nan
+    t_target_ms = (b.token_times_s[-1] - b.token_times_s[0]) / max(1, len(b.token_times_s) - 1) * 1e3
+    return {
+        "prompt_tokens": ids.shape[1],
+        "new_tokens": n,
+        "acceptance_rate": a.totals["acceptance_rate"],
+        "alpha": costmodel.estimate_alpha(a),
+        "tokens_per_step": a.totals["tokens_per_step"],
+        "tps_speclens": tps_a,
+        "tps_plain": tps_b,
+        "tps_hf": tps_c,
+        "tps_untraced": tps_d,
+        "speedup_vs_plain": tps_a / tps_b,
+        "ratio_vs_hf": tps_a / tps_c if c_ids else math.nan,
+        "tracing_overhead": tps_d / tps_a - 1,
+        "predicted_speedup": predicted_speedup(a, t_target_ms),
+        "identical_plain": a.output.token_ids == b.token_ids,
+        "identical_hf": a.output.token_ids == c_ids if c_ids is not None else None,
+        "verify_ms": costmodel.verify_cost_ms([a]),
+        "t_target_ms": t_target_ms,
+    }
+
+
+def run_bench(cfg: BenchConfig, say: Callable[[str], None] = print) -> pd.DataFrame:
+    prompts = read_prompts(cfg.prompts, cfg.limit)
+    target = load_model(cfg.target, cfg.device, cfg.dtype, compile=cfg.compile)
+    draft = build_draft(cfg.draft, target)
+    if draft is None:
+        raise SpecLensError("the benchmark needs a draft: ngram, layers:N or a model name")
+    if cfg.warmup:  # first calls allocate, and with --compile they compile: keep them out of the figures
+        t = time.perf_counter()
+        run_prompt(cfg, target, draft, prompts[0]["prompt"])
+        say(f"warm-up: {time.perf_counter() - t:.1f} s")
+    rows, verify = [], []
+    for i, p in enumerate(prompts, 1):
+        row = run_prompt(cfg, target, draft, p["prompt"])
+        verify.append(row.pop("verify_ms"))
+        rows.append({"category": p["category"], "question_id": p["question_id"], **row})
+        say(
+            f"[{i}/{len(prompts)}] {p['category']} #{p['question_id']}: ×{row['speedup_vs_plain']:.2f} vs plain, "
+            f"×{row['ratio_vs_hf']:.2f} vs HF, acceptance {row['acceptance_rate']:.0%}, "
+            f"identical {row['identical_plain']}/{row['identical_hf']}"
+        )
+    df = pd.DataFrame(rows)
+    write_results(cfg, df, verify, target)
+    return df
+
+
+def _geomean(x: pd.Series) -> float:
+    x = x.dropna()
+    return float(math.exp(x.map(math.log).mean())) if len(x) else math.nan
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per category: mean acceptance and tokens per round, geometric means of the ratios."""
+    agg = {
+        "prompts": ("question_id", "count"),
+        "acceptance_rate": ("acceptance_rate", "mean"),
+        "tokens_per_step": ("tokens_per_step", "mean"),
+        "tps_speclens": ("tps_speclens", "mean"),
+        "tps_plain": ("tps_plain", "mean"),
+        "tps_hf": ("tps_hf", "mean"),
+        "speedup_vs_plain": ("speedup_vs_plain", _geomean),
+        "predicted_speedup": ("predicted_speedup", _geomean),
+        "ratio_vs_hf": ("ratio_vs_hf", _geomean),
+        "tracing_overhead": ("tracing_overhead", "mean"),
+        "identical": ("identical_plain", "all"),
+    }
+    per = df.groupby("category", sort=True).agg(**agg)
+    overall = df.assign(category="all").groupby("category").agg(**agg)
+    return pd.concat([per, overall]).reset_index()
+
+
+def markdown(table: pd.DataFrame) -> str:
+    head = "| category | prompts | acceptance | tokens/round | tok/s SpecLens | tok/s plain | tok/s HF | speedup vs plain | predicted | vs HF | tracing overhead | identical |"
+    rule = "|" + "---|" * 12
+    lines = [head, rule]
+    for r in table.itertuples():
+        lines.append(
+            f"| {r.category} | {r.prompts} | {r.acceptance_rate:.0%} | {r.tokens_per_step:.2f} | {r.tps_speclens:.1f} "
+            f"| {r.tps_plain:.1f} | {r.tps_hf:.1f} | ×{r.speedup_vs_plain:.2f} | ×{r.predicted_speedup:.2f} "
+            f"| ×{r.ratio_vs_hf:.2f} | {r.tracing_overhead:+.1%} | {'✓' if r.identical else '✗'} |"
+        )
+    return "\n".join(lines)
+
+
+def verify_ratios(verify: list[dict[int, float]]) -> dict[int, float]:
+    """V(n)/V(1) pooled over prompts: how much more checking n tokens costs than one."""
+    pooled: dict[int, list[float]] = {}
+    for v in verify:
+        for n, ms in v.items():
+            pooled.setdefault(n, []).append(ms)
+    mean = {n: sum(x) / len(x) for n, x in sorted(pooled.items())}
+    return {n: ms / mean[1] for n, ms in mean.items()} if 1 in mean else {}
+
+
+def write_results(
+    cfg: BenchConfig, df: pd.DataFrame, verify: list[dict[int, float]], target: LoadedModel
+) -> None:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(cfg.out / "results.csv", index=False, columns=CSV_COLUMNS)
+    table = summary_table(df)
+    meta = {
+        "command": cfg_command(cfg),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "compiled": cfg.compile,
+        "versions": library_versions(),
+        "plain_ms_per_token": float(df["tps_plain"].rdiv(1000).mean()),
+        "verify_cost_ratio": verify_ratios(verify),
+    }
+    (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
+    settings = (
+        f"target `{cfg.target}` ({meta['dtype']}{', compiled' if cfg.compile else ''}), draft `{cfg.draft}`, "
+        f"k={cfg.k} ({cfg.policy}), temperature {cfg.temperature}, {cfg.max_new_tokens} new tokens, "
+        f"{meta['machine']}, {meta['date'][:10]}"
+    )
+    ratio = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in meta["verify_cost_ratio"].items())
+    text = f"{settings}\n\n`{meta['command']}`\n\n{markdown(table)}\n\nVerify cost: {ratio}.\n"
+    (cfg.out / "summary.md").write_text(text)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"{os.cpu_count()} × {cpu}"
+
+
+def cfg_command(cfg: BenchConfig) -> str:
+    parts = [
+        "python -m decoding bench",
+        f"--prompts {cfg.prompts}",
+        f"--target {cfg.target}",
+        f"--draft {cfg.draft}",
+    ]
+    parts += [f"--k {cfg.k}", f"--policy {cfg.policy}", f"--temperature {cfg.temperature}"]
+    parts += [f"--max-new-tokens {cfg.max_new_tokens}", f"--limit {cfg.limit}", f"--out {cfg.out}"]
+    if cfg.dtype:
+        parts.append(f"--dtype {cfg.dtype}")
+    if cfg.compile:
+        parts.append("--compile")
+    return " ".join(parts)

@@ -1,0 +1,67 @@
+"""A smoke run of the benchmark, so the command never rots (the full run is not part of CI)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from conftest import PROMPTS
+
+from decoding.bench import CSV_COLUMNS, read_prompts
+from decoding.cli import main
+from decoding.errors import SpecLensError
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def two_prompts(tmp_path):
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+    short = [
+        next(r for r in rows if r["category"] == c and len(r["prompt"]) < 400) for c in ("qa", "translation")
+    ]
+    path = tmp_path / "two.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in short))
+    return path
+
+
+@pytest.mark.parametrize("draft", ["ngram", "layers:20"])
+def test_bench_smoke(tmp_path, two_prompts, capsys, smol, draft):
+    out = tmp_path / "out"
+    code = main(
+        [
+            "bench",
+            "--prompts",
+            str(two_prompts),
+            "--draft",
+            draft,
+            "--k",
+            "3",
+            "--max-new-tokens",
+            "6",
+            "--limit",
+            "1",
+            "--out",
+            str(out),
+            "--no-warmup",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    df = pd.read_csv(out / "results.csv")
+    assert list(df.columns) == CSV_COLUMNS and len(df) == 2
+    assert df["identical_plain"].all() and df["identical_hf"].all()
+    assert (df["tps_speclens"] > 0).all() and (df["tps_hf"] > 0).all()
+    summary = (out / "summary.md").read_text()
+    assert "| all | 2 |" in summary and "python -m decoding bench" in summary
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["verify_cost_ratio"]["1"] == 1.0
+
+
+def test_bad_prompt_files(tmp_path):
+    with pytest.raises(SpecLensError, match="no prompts file"):
+        read_prompts(tmp_path / "missing.jsonl", 1)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "no category"}\n')
+    with pytest.raises(SpecLensError, match="bad.jsonl:1"):
+        read_prompts(bad, 1)
