@@ -131,11 +131,18 @@ def trace_views(trace: Trace, selected: int | None = None) -> list:
     ]
 
 
-def _decode_in_thread(config: RunConfig, steps: queue.Queue) -> threading.Thread:
-    """Run the decoder beside the UI thread; its steps and its end arrive on `steps`."""
+def _decode_in_thread(config: RunConfig, steps: queue.Queue) -> threading.Event:
+    """Run the decoder beside the UI thread; its steps and its end arrive on `steps`.
+
+    Setting the returned event stops the run at its next round (the browser
+    went away), so an abandoned run does not keep the CPU busy.
+    """
     started = time.perf_counter()
+    stop = threading.Event()
 
     def on_step(step, trace):
+        if stop.is_set():
+            raise RunTimeout("the run was cancelled")
         if time.perf_counter() - started > TIME_LIMIT_S:
             raise RunTimeout(f"the run went past its {TIME_LIMIT_S:.0f} s limit; ask for fewer tokens")
         steps.put(("step", trace))
@@ -146,9 +153,8 @@ def _decode_in_thread(config: RunConfig, steps: queue.Queue) -> threading.Thread
         except BaseException as exc:  # handed to the UI thread, which reports it
             steps.put(("error", exc))
 
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=work, daemon=True).start()
+    return stop
 
 
 EXPLORE_OUTPUTS = 12  # timeline, text, cards, 4 charts, 2 downloads, trace state, round slider, sentence
@@ -190,18 +196,21 @@ def run_explore(
             max_new,
         )
         steps: queue.Queue = queue.Queue()
-        _decode_in_thread(config, steps)
+        stop = _decode_in_thread(config, steps)
         last_yield = 0.0
-        while True:
-            kind, item = steps.get()
-            if kind == "error":
-                raise item
-            if kind == "done":
-                trace = item
-                break
-            if time.perf_counter() - last_yield > 0.15:  # the browser needs no more than this
-                last_yield = time.perf_counter()
-                yield [timeline_html(item), "…", *rest]
+        try:
+            while True:
+                kind, item = steps.get()
+                if kind == "error":
+                    raise item
+                if kind == "done":
+                    trace = item
+                    break
+                if time.perf_counter() - last_yield > 0.15:  # the browser needs no more than this
+                    last_yield = time.perf_counter()
+                    yield [timeline_html(item), "…", *rest]
+        finally:
+            stop.set()
         if compare:
             yield [timeline_html(trace), trace.output.text + "\n\n(decoding plainly to compare…)", *rest]
             trace.attach_baseline(plain_baseline(config))

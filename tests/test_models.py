@@ -1,0 +1,59 @@
+"""Model loading: the .gguf path, size estimates, devices and dtypes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding import models
+from decoding.errors import SpecLensError
+from decoding.runner import encode_prompt, eos_ids
+from decoding.speculative import autoregressive_generate
+
+
+@pytest.mark.slow
+def test_a_gguf_file_loads_like_its_preset(smol, tmp_path, monkeypatch):
+    """A .gguf path is converted once into the cache and decodes like the preset made from it."""
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
+    gguf = models._smollm2_gguf()
+    folder = models.resolve_source(str(gguf))
+    assert folder.startswith(str(tmp_path)) and (tmp_path / "models").is_dir()
+    assert models.resolve_source(str(gguf)) == folder  # converted once
+    loaded = models.load_model(str(gguf), "cpu")
+    prompt = encode_prompt(smol, "Name a colour.", chat=True)
+    ours = autoregressive_generate(loaded.model, prompt, max_new_tokens=8, eos_ids=eos_ids(smol)).token_ids
+    preset = autoregressive_generate(smol.model, prompt, max_new_tokens=8, eos_ids=eos_ids(smol)).token_ids
+    assert ours == preset
+
+
+@pytest.mark.slow
+def test_size_estimate_and_same_model_loads_once(smol):
+    # 135M parameters, the tied embedding counted once, 4 bytes each.
+    assert 500e6 < models.estimate_bytes(smol.model.config, torch.float32) < 560e6
+    assert models.load_model("smollm2-135m", "cpu") is smol
+    models.check_same_tokenizer(smol.tokenizer, smol.tokenizer, "a", "b")
+
+
+def test_device_and_dtype_choices():
+    assert models.pick_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert models.pick_dtype(torch.device("cpu")) == torch.float32
+    assert models.pick_dtype(torch.device("cuda")) == torch.bfloat16
+    assert models.pick_dtype(torch.device("cpu"), "bfloat16") == torch.bfloat16
+    with pytest.raises(SpecLensError, match="unknown dtype"):
+        models.pick_dtype(torch.device("cpu"), "int3")
+    with pytest.raises(SpecLensError, match="no model given"):
+        models.load_model("  ")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_greedy_is_lossless(tiny_target):
+    from decoding.drafts import NGramDraft
+    from decoding.policies import make_policy
+    from decoding.speculative import speculative_generate
+
+    model = tiny_target.to("cuda")
+    ids = torch.tensor([[1, 5, 9, 3, 7, 5, 9]], device="cuda")
+    expected = autoregressive_generate(model, ids, max_new_tokens=30).token_ids
+    trace = speculative_generate(model, ids, NGramDraft(), make_policy("fixed", 4), max_new_tokens=30)
+    assert trace.output.token_ids == expected
+    tiny_target.to("cpu")
