@@ -162,7 +162,7 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
     n = len(a.output.token_ids)
     tps_a, tps_b, tps_d = a.totals["tokens_per_s"], _tps(len(b.token_ids), b.wall_s), d.totals["tokens_per_s"]
     tps_c = _tps(len(c_ids), c_wall) if c_ids is not None else math.nan
-    t_target_ms = (b.token_times_s[-1] - b.token_times_s[0]) / max(1, len(b.token_times_s) - 1) * 1e3
+    t_target_ms = costmodel.steady_ms_per_token(b.token_times_s) or b.wall_s * 1e3
     return {
         "prompt_tokens": ids.shape[1],
         "new_tokens": n,

@@ -32,16 +32,17 @@ def expected_speedup_measured(
     return expected_tokens(alpha, gamma) * t_target / (gamma * t_draft + verify_cost)
 
 
-def estimate_alpha(trace: Trace) -> float:
-    """Per-position acceptance probability under the i.i.d. model.
+def estimate_alpha(*traces: Trace) -> float:
+    """Per-position acceptance probability under the i.i.d. model, pooled over `traces`.
 
     Each round is a run of acceptances ended by one rejection, or by the
     end of the draft; the maximum-likelihood alpha is accepted / (accepted
     + rejections). (`totals.acceptance_rate`, accepted / proposed, is lower
     by construction: positions after a rejection count as proposed.)
     """
-    accepted = sum(s.n_accepted for s in trace.steps)
-    rejections = sum(1 for s in trace.steps if s.n_accepted < s.k)
+    steps = [s for t in traces for s in t.steps]
+    accepted = sum(s.n_accepted for s in steps)
+    rejections = sum(1 for s in steps if s.n_accepted < s.k)
     return accepted / (accepted + rejections) if accepted + rejections else 0.0
 
 
@@ -59,13 +60,15 @@ def draft_ms_per_token(trace: Trace) -> float:
     return sum(s.draft_ms for s in trace.steps) / proposed if proposed else 0.0
 
 
+def steady_ms_per_token(token_times_s: Sequence[float]) -> float | None:
+    """Time per token after the first (so without the prefill), from when each token was ready."""
+    t = token_times_s
+    return (t[-1] - t[0]) / (len(t) - 1) * 1e3 if len(t) >= 2 else None
+
+
 def target_ms_per_token(trace: Trace) -> float | None:
-    """One plain target step, from the baseline's steady state (prefill left out)."""
-    b = trace.baseline
-    if b is None or len(b.token_times_s) < 2:
-        return None
-    t = b.token_times_s
-    return (t[-1] - t[0]) / (len(t) - 1) * 1e3
+    """One plain target step, from the baseline's steady state."""
+    return steady_ms_per_token(trace.baseline.token_times_s) if trace.baseline else None
 
 
 def acceptance_by_position(trace: Trace) -> list[tuple[int, int, int]]:

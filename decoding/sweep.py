@@ -56,9 +56,7 @@ def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:
     does not depend on k), c from measured draft and target step times, and
     V(k+1) from the measured verify times of rounds that checked k+1 tokens.
     """
-    accepted = sum(s.n_accepted for t in traces for s in t.steps)
-    rejections = sum(1 for t in traces for s in t.steps if s.n_accepted < s.k)
-    alpha = accepted / (accepted + rejections) if accepted + rejections else 0.0
+    alpha = costmodel.estimate_alpha(*traces)
     verify = costmodel.verify_cost_ms(traces)
     t_target = costmodel.target_ms_per_token(traces[0]) or verify.get(1) or 1.0
     rows = []
