@@ -19,6 +19,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from decoding import costmodel
 from decoding.errors import SpecLensError
 from decoding.runner import RunConfig, generate, plain_baseline
 from decoding.sweep import sweep
@@ -121,10 +122,10 @@ def save_downloads(trace: Trace) -> tuple[str, str]:
     return str(json_path), str(csv_path)
 
 
-def trace_views(trace: Trace, selected: int | None = None) -> list:
+def trace_views(trace: Trace) -> list:
     """Timeline, text, cards and the four charts of a finished trace."""
     return [
-        timeline_html(trace, selected=selected),
+        timeline_html(trace),
         trace.output.text,
         stats_html(trace),
         *trace_figures(trace),
@@ -290,8 +291,6 @@ def run_sweep(
 
 
 def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float):
-    from decoding import costmodel
-
     gammas = range(1, int(gamma_max) + 1)
     cost = [costmodel.expected_speedup_measured(alpha, g, 1.0, c, 1.0 + verify_growth * g) for g in gammas]
     best = max(gammas, key=lambda g: cost[g - 1])
@@ -314,14 +313,8 @@ def run_simulation(alpha: float, gamma: float, rounds: float, seed: float, delay
     yield (
         timeline_html(trace),
         f"{t['steps']} rounds gave {t['new_tokens']} tokens: {t['tokens_per_step']:.2f} per round "
-        f"(the formula expects {_expected(alpha, gamma):.2f}).",
+        f"(the formula expects {costmodel.expected_tokens(float(alpha), int(gamma)):.2f}).",
     )
-
-
-def _expected(alpha: float, gamma: float) -> float:
-    from decoding.costmodel import expected_tokens
-
-    return expected_tokens(float(alpha), int(gamma))
 
 
 @functools.cache
