@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -38,7 +39,7 @@ class RunConfig:
     compile: bool = False
 
 
-def token_texts(tokenizer) -> callable:
+def token_texts(tokenizer) -> Callable[[int], str]:
     """id -> text of that token alone, memoised (the loop asks for each id often)."""
 
     @cache
@@ -101,12 +102,17 @@ def library_versions() -> dict[str, str]:
     }
 
 
-def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
-    """Load (once), decode speculatively, optionally decode plainly too, and trace it all."""
-    policy = make_policy(config.policy, config.k, config.confidence)
+def _target_and_prompt(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
     target = load_model(config.target, config.device, config.dtype, config.compile)
     prompt_ids = encode_prompt(target, config.prompt, config.chat)
     check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
+    return target, prompt_ids
+
+
+def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
+    """Load (once), decode speculatively, optionally decode plainly too, and trace it all."""
+    policy = make_policy(config.policy, config.k, config.confidence)
+    target, prompt_ids = _target_and_prompt(config)
     draft = build_draft(config.draft, target)
     if draft is None:
         raise SpecLensError("a speculative run needs a draft: ngram, layers:N or a model name")
@@ -132,9 +138,7 @@ def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
 
 def plain_baseline(config: RunConfig) -> Baseline:
     """Decode `config.prompt` with the target alone: the reference for speed and output."""
-    target = load_model(config.target, config.device, config.dtype, config.compile)
-    prompt_ids = encode_prompt(target, config.prompt, config.chat)
-    check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
+    target, prompt_ids = _target_and_prompt(config)
     plain = autoregressive_generate(
         target.model, prompt_ids, config.sampling, config.max_new_tokens, eos_ids(target)
     )
