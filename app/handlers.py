@@ -20,14 +20,16 @@ from pathlib import Path
 import gradio as gr
 
 from decoding import costmodel
+from decoding.budget import RunBudget
 from decoding.errors import SpecLensError
-from decoding.runner import RunConfig, generate, plain_baseline
+from decoding.models import layer_count
+from decoding.runner import RunConfig, compare_with_plain, generate
 from decoding.sweep import sweep
-from decoding.trace import Trace
+from decoding.trace import Trace, agreement, validate
 from decoding.verify import Sampling
 from visualize.cards import stats_html
 from visualize.charts import acceptance_vs_k, speedup_curve, theory_figure, trace_figures
-from visualize.explain import explain_step
+from visualize.explain import explain_step_markdown
 from visualize.simulate import simulate_trace
 from visualize.timeline import empty_timeline_html, timeline_html
 
@@ -35,6 +37,9 @@ log = logging.getLogger("speclens")
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 MAX_PROMPT_CHARS = 50_000  # beyond this no model here has the context anyway
+MAX_TRACE_BYTES = 20_000_000  # a 2,048-token run with every list filled is well under 5 MB
+# Decoding time a request may take, counted from its first round (loading excluded),
+# for everything it runs: the speculative run, the comparison, every k of a sweep.
 TIME_LIMIT_S = float(os.environ.get("SPECLENS_TIME_LIMIT_S", "180"))
 DRAFT_SOURCES = {
     "n-gram (prompt lookup)": "ngram",
@@ -45,15 +50,35 @@ DRAFT_SOURCES = {
 try:  # On ZeroGPU Spaces this asks for a GPU per call; elsewhere it does nothing.
     import spaces
 
-    gpu = spaces.GPU(duration=120)
+    # The decoding budget plus a minute to load the models: ZeroGPU must not cut a run short.
+    gpu = spaces.GPU(duration=int(TIME_LIMIT_S) + 60)
 except ImportError:
 
     def gpu(fn):
         return fn
 
 
-class RunTimeout(SpecLensError):
-    pass
+_budgets: dict[str, RunBudget] = {}  # the running model-bound request of each browser session
+
+
+@contextlib.contextmanager
+def session_budget(request: gr.Request | None) -> Iterator[RunBudget]:
+    """A fresh budget for this session's request, findable by `request_stop` while it runs."""
+    key = getattr(request, "session_hash", None) or f"anonymous-{threading.get_ident()}"
+    budget = RunBudget(TIME_LIMIT_S)
+    _budgets[key] = budget
+    try:
+        yield budget
+    finally:
+        if _budgets.get(key) is budget:
+            del _budgets[key]
+
+
+def request_stop(request: gr.Request) -> None:
+    """Stop button: this session's run ends at its next round and shows what it has."""
+    budget = _budgets.get(request.session_hash)
+    if budget is not None:
+        budget.stop()
 
 
 @contextlib.contextmanager
@@ -81,8 +106,25 @@ def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
     if kind == "layers":
         return f"layers:{int(n_layers)}"
     if kind == "model":
-        return (draft_model or "").strip()
+        name = (draft_model or "").strip()
+        if not name:
+            raise SpecLensError("choose a draft model: a smaller model with the target's tokenizer")
+        return name
     return "ngram"
+
+
+def layer_range(target: str, n_layers: float):
+    """Bind the N slider to the target's own layer count (N must leave at least one layer out)."""
+    total = layer_count(target)
+    if not total or total < 2:
+        return gr.update()
+    return gr.update(maximum=total - 1, value=min(int(n_layers), total - 1))
+
+
+def draft_controls(source: str):
+    """Show N only for the layer draft and the model box only for a separate draft model."""
+    kind = DRAFT_SOURCES.get(source)
+    return gr.update(visible=kind == "layers"), gr.update(visible=kind == "model")
 
 
 def make_config(
@@ -132,30 +174,16 @@ def trace_views(trace: Trace) -> list:
     ]
 
 
-def _decode_in_thread(config: RunConfig, steps: queue.Queue) -> threading.Event:
-    """Run the decoder beside the UI thread; its steps and its end arrive on `steps`.
-
-    Setting the returned event stops the run at its next round (the browser
-    went away), so an abandoned run does not keep the CPU busy.
-    """
-    started = time.perf_counter()
-    stop = threading.Event()
-
-    def on_step(step, trace):
-        if stop.is_set():
-            raise RunTimeout("the run was cancelled")
-        if time.perf_counter() - started > TIME_LIMIT_S:
-            raise RunTimeout(f"the run went past its {TIME_LIMIT_S:.0f} s limit; ask for fewer tokens")
-        steps.put(("step", trace))
+def _decode_in_thread(config: RunConfig, steps: queue.Queue, budget: RunBudget) -> None:
+    """Run the decoder beside the UI thread; its rounds and its end arrive on `steps`."""
 
     def work():
         try:
-            steps.put(("done", generate(config, on_step)))
+            steps.put(("done", generate(config, lambda step, trace: steps.put(("step", trace)), budget)))
         except BaseException as exc:  # handed to the UI thread, which reports it
             steps.put(("error", exc))
 
     threading.Thread(target=work, daemon=True).start()
-    return stop
 
 
 EXPLORE_OUTPUTS = 12  # timeline, text, cards, 4 charts, 2 downloads, trace state, round slider, sentence
@@ -177,10 +205,11 @@ def run_explore(
     seed,
     max_new,
     compare,
+    request: gr.Request = None,
 ):
-    """Stream the timeline while decoding, then every view of the finished run."""
+    """Stream the timeline while decoding, then every view of the finished (or stopped) run."""
     rest = [gr.skip()] * (EXPLORE_OUTPUTS - 2)
-    with user_errors():
+    with user_errors(), session_budget(request) as budget:
         config = make_config(
             prompt,
             target,
@@ -197,31 +226,40 @@ def run_explore(
             max_new,
         )
         steps: queue.Queue = queue.Queue()
-        stop = _decode_in_thread(config, steps)
-        last_yield = 0.0
+        _decode_in_thread(config, steps, budget)
+        last_yield, trace = 0.0, None
         try:
-            while True:
+            while trace is None:
                 kind, item = steps.get()
                 if kind == "error":
                     raise item
                 if kind == "done":
                     trace = item
-                    break
-                if time.perf_counter() - last_yield > 0.15:  # the browser needs no more than this
+                elif time.perf_counter() - last_yield > 0.15:  # the browser needs no more than this
                     last_yield = time.perf_counter()
                     yield [timeline_html(item), "…", *rest]
         finally:
-            stop.set()
-        if compare:
+            if trace is None:  # the page went away (or the run failed): free the model for others
+                budget.stop("stopped: the page was closed")
+        if compare and "stopped" not in trace.meta:
             yield [timeline_html(trace), trace.output.text + "\n\n(decoding plainly to compare…)", *rest]
-            trace.attach_baseline(plain_baseline(config))
+            compare_with_plain(trace, config, budget)
+        if "stopped" in trace.meta:
+            gr.Warning(
+                f"{trace.meta['stopped'].capitalize()}: showing the {len(trace.steps)} rounds before that."
+            )
         yield [
             *trace_views(trace),
             *save_downloads(trace),
             trace.to_dict(),
-            gr.update(maximum=max(1, len(trace.steps)), value=1),
-            explain_step(trace.steps[0], 0) if trace.steps else "",
+            round_slider(len(trace.steps)),
+            explain_step_markdown(trace.steps[0], 0) if trace.steps else "",
         ]
+
+
+def round_slider(rounds: int):
+    """A slider over the rounds of a run; Gradio needs two values, so one round leaves it fixed."""
+    return gr.update(maximum=max(2, rounds), value=1, interactive=rounds > 1)
 
 
 def explain_round(trace_dict: dict | None, round_no: float):
@@ -231,7 +269,7 @@ def explain_round(trace_dict: dict | None, round_no: float):
     if not trace.steps:
         return timeline_html(trace), "This run has no rounds."
     i = min(max(int(round_no), 1), len(trace.steps)) - 1
-    return timeline_html(trace, selected=i), explain_step(trace.steps[i], i)
+    return timeline_html(trace, selected=i), explain_step_markdown(trace.steps[i], i)
 
 
 @gpu
@@ -249,9 +287,10 @@ def run_sweep(
     k_from,
     k_to,
     progress=gr.Progress(),
+    request: gr.Request = None,
 ):
     """Measured speedup for each k in [k_from, k_to], beside the cost model's predictions."""
-    with user_errors():
+    with user_errors(), session_budget(request) as budget:
         lo, hi = sorted((int(k_from), int(k_to)))
         config = make_config(
             prompt,
@@ -272,22 +311,31 @@ def run_sweep(
         def report(done: int, total: int) -> None:
             progress(done / total, desc=f"k = {lo + done} of {lo}…{hi}" if done < total else "done")
 
-        _, table = sweep(config, range(lo, hi + 1), report)
+        traces, table = sweep(config, range(lo, hi + 1), report, budget)
         best = table.loc[table["speedup"].idxmax()]
-        identical = (
-            "all identical to plain decoding ✓"
-            if table["identical_to_baseline"].all()
-            else "outputs differ from plain decoding ✗"
-        )
         summary = (
             f"**Best k = {int(best['k'])}**: ×{best['speedup']:.2f} over plain decoding "
             f"({best['tokens_per_s']:.1f} vs {best['baseline_tokens_per_s']:.1f} tokens/s), "
-            f"acceptance {best['acceptance_rate']:.0%}; {identical}."
+            f"acceptance {best['acceptance_rate']:.0%}; {sweep_agreement(traces)}."
         )
+        if len(traces) < hi - lo + 1:
+            done = int(table["k"].max())
+            summary += f" **{budget() or 'Stopped'}** after k = {lo}…{done}: only those are shown."
         folder = Path(tempfile.mkdtemp(prefix="speclens-sweep-"))
         csv_path = folder / "speclens-sweep.csv"
         table.to_csv(csv_path, index=False)
         return speedup_curve(table), acceptance_vs_k(table), table.round(3), str(csv_path), summary
+
+
+def sweep_agreement(traces: list[Trace]) -> str:
+    """One phrase for the whole sweep: what its outputs show against plain decoding."""
+    found = [agreement(t) for t in traces]
+    if all(a.good for a in found):
+        return "all identical to plain decoding ✓"
+    differ = [str(t.meta["policy"]["k"]) for t, a in zip(traces, found) if a.good is False]
+    if differ:
+        return f"outputs differ from plain decoding at k = {', '.join(differ)} ✗"
+    return next(a.sentence for a in found if not a.good)  # sampling or 16-bit: what holds instead
 
 
 def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float):
@@ -307,7 +355,7 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float):
 def run_simulation(alpha: float, gamma: float, rounds: float, seed: float, delay_s: float = 0.5):
     trace = simulate_trace(float(alpha), int(gamma), int(rounds), int(seed))
     for i in range(len(trace.steps)):
-        yield timeline_html(trace, upto=i + 1, selected=i), explain_step(trace.steps[i], i)
+        yield timeline_html(trace, upto=i + 1, selected=i), explain_step_markdown(trace.steps[i], i)
         time.sleep(delay_s)
     t = trace.totals
     yield (
@@ -328,15 +376,18 @@ def load_replay(upload: str | None, example: str | None):
         if not path:
             raise SpecLensError("upload a trace JSON or pick an example")
         try:
+            if os.path.getsize(path) > MAX_TRACE_BYTES:
+                raise SpecLensError(f"that file is over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
             trace = Trace.load(path)
         except (OSError, UnicodeDecodeError) as exc:
             raise SpecLensError(f"cannot read that file: {exc}") from None
+        validate(trace)
         n = len(trace.steps)
         if n == 0:
             raise SpecLensError("that trace has no rounds to replay")
         return (
             trace.to_dict(),
-            gr.update(maximum=n, value=1, interactive=True),
+            round_slider(n),
             *replay_views(trace, 1),
             stats_html(trace),
             *trace_figures(trace),
@@ -345,7 +396,7 @@ def load_replay(upload: str | None, example: str | None):
 
 def replay_views(trace: Trace, round_no: int) -> tuple[str, str]:
     i = min(max(round_no, 1), len(trace.steps)) - 1
-    return timeline_html(trace, upto=i + 1, selected=i), explain_step(trace.steps[i], i)
+    return timeline_html(trace, upto=i + 1, selected=i), explain_step_markdown(trace.steps[i], i)
 
 
 def replay_step(trace_dict: dict | None, round_no: float):

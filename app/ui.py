@@ -18,18 +18,21 @@ CSS_PATH = Path(__file__).resolve().parents[1] / "assets" / "speclens.css"
 DEFAULT_PROMPT = "Explain speculative decoding to a ten-year-old in three sentences."
 MODEL = {"concurrency_limit": 1, "concurrency_id": "model"}  # one model-bound run at a time
 
+# A pair sets everything it names: target, draft source, N, and the draft model.
 PAIRS = {
-    "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", "smollm2-135m"),
+    "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", 10, None),
     "SmolLM2-135M · its first 10 layers (offline)": (
         "smollm2-135m",
         "first N layers of the target",
-        "smollm2-135m",
+        10,
+        None,
     ),
-    "Gemma-3-270M · n-gram draft (offline)": ("gemma3-270m", "n-gram (prompt lookup)", "gemma3-270m"),
+    "Gemma-3-270M · n-gram draft (offline)": ("gemma3-270m", "n-gram (prompt lookup)", 10, None),
     **{
         f"{PRESETS[t].hub_id.split('/')[1]} ← {PRESETS[d].hub_id.split('/')[1]} (hub)": (
             t,
             "separate draft model",
+            10,
             d,
         )
         for t, d in HUB_PAIRS
@@ -60,22 +63,44 @@ def build_demo() -> gr.Blocks:
                 allow_custom_value=True,
                 label="Target (preset, folder or hub id)",
             )
-            source = gr.Radio(list(h.DRAFT_SOURCES), value="n-gram (prompt lookup)", label="Draft source")
-            n_layers = gr.Slider(1, 47, value=10, step=1, label="N (first-N-layers draft)")
+            source = gr.Radio(
+                list(h.DRAFT_SOURCES), value="n-gram (prompt lookup)", label="Draft source", elem_id="source"
+            )
+            # The range follows the target's layer count once it is known.
+            n_layers = gr.Slider(
+                1, 29, value=10, step=1, label="N (first-N-layers draft)", visible=False, elem_id="n-layers"
+            )
             draft_model = gr.Dropdown(
-                presets, value="smollm2-135m", allow_custom_value=True, label="Draft model"
+                presets,
+                value=None,
+                allow_custom_value=True,
+                label="Draft model (same tokenizer as the target)",
+                visible=False,
             )
             k = gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round")
             policy = gr.Radio(list(POLICIES), value="fixed", label="Draft-length policy")
             confidence = gr.Slider(
-                0.05, 0.95, value=0.4, step=0.05, label="Confidence cut-off (confidence policy)"
+                0.05, 0.95, value=0.4, step=0.05, label="Confidence cut-off", visible=False
             )
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             top_k = gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)")
             top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p")
             seed = gr.Number(value=0, precision=0, label="Seed")
             max_new = gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="max-new")
-        pair.change(lambda p: PAIRS[p], pair, [target, source, draft_model], api_visibility="private")
+        pair.change(
+            lambda p: PAIRS[p], pair, [target, source, n_layers, draft_model], api_visibility="private"
+        )
+        gr.on(
+            [target.change, demo.load],
+            h.layer_range,
+            [target, n_layers],
+            n_layers,
+            api_name="layer_range",
+        )
+        source.change(h.draft_controls, source, [n_layers, draft_model], api_visibility="private")
+        policy.change(
+            lambda p: gr.update(visible=p == "confidence"), policy, confidence, api_visibility="private"
+        )
 
         with gr.Tabs():
             with gr.Tab("Explore"):
@@ -88,6 +113,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     compare = gr.Checkbox(value=True, label="Compare with plain decoding")
                     run = gr.Button("Run", variant="primary", elem_id="run")
+                    stop = gr.Button("Stop", variant="stop", elem_id="stop")
                 timeline = gr.HTML(empty_timeline_html(), elem_id="timeline")
                 with gr.Row():
                     round_no = gr.Slider(1, 2, value=1, step=1, label="Explain round", elem_id="round")
@@ -109,6 +135,7 @@ def build_demo() -> gr.Blocks:
                     k_from = gr.Slider(K_MIN, K_MAX, value=1, step=1, label="k from")
                     k_to = gr.Slider(K_MIN, K_MAX, value=6, step=1, label="k to", elem_id="k-to")
                     sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep")
+                    sweep_stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
                 sweep_summary = gr.Markdown(elem_id="sweep-summary")
                 with gr.Row():
                     speedup_plot = gr.Plot(show_label=False, elem_id="speedup-plot")
@@ -135,6 +162,7 @@ def build_demo() -> gr.Blocks:
                     sim_rounds = gr.Slider(1, 30, value=8, step=1, label="rounds")
                     sim_seed = gr.Number(value=0, precision=0, label="seed")
                     sim_btn = gr.Button("Simulate", elem_id="simulate")
+                    sim_stop = gr.Button("Stop", variant="stop", elem_id="sim-stop")
                 sim_sentence = gr.Markdown(elem_classes="sl-sentence")
                 sim_timeline = gr.HTML(empty_timeline_html("Press Simulate."), elem_id="sim-timeline")
 
@@ -162,36 +190,27 @@ def build_demo() -> gr.Blocks:
 
         decode_inputs = [prompt, target, source, n_layers, draft_model, k, policy, confidence]
         decode_inputs += [temperature, top_k, top_p, seed, max_new, compare]
-        run.click(
+        _while_running(
+            run,
+            stop,
             h.run_explore,
             decode_inputs,
             [timeline, text, cards, *figs, json_file, csv_file, trace_state, round_no, sentence],
-            api_name="generate",
-            **MODEL,
+            "generate",
         )
         round_no.change(
             h.explain_round, [trace_state, round_no], [timeline, sentence], api_name="explain_round"
         )
 
-        sweep_btn.click(
+        sweep_inputs = [sweep_prompt, target, source, n_layers, draft_model]
+        sweep_inputs += [temperature, top_k, top_p, seed, max_new, k_from, k_to]
+        _while_running(
+            sweep_btn,
+            sweep_stop,
             h.run_sweep,
-            [
-                sweep_prompt,
-                target,
-                source,
-                n_layers,
-                draft_model,
-                temperature,
-                top_k,
-                top_p,
-                seed,
-                max_new,
-                k_from,
-                k_to,
-            ],
+            sweep_inputs,
             [speedup_plot, accept_plot, sweep_table, sweep_csv, sweep_summary],
-            api_name="sweep",
-            **MODEL,
+            "sweep",
         )
 
         theory_inputs = [alpha, c, growth, gamma_max]
@@ -202,12 +221,14 @@ def build_demo() -> gr.Blocks:
             [theory_plot, theory_text],
             api_name="theory",
         )
-        sim_btn.click(
+        simulation = sim_btn.click(
             h.run_simulation,
             [alpha, sim_gamma, sim_rounds, sim_seed],
             [sim_timeline, sim_sentence],
             api_name="simulate",
         )
+        # No model behind it: cancelling the generator is all a stop needs.
+        sim_stop.click(None, None, None, cancels=[simulation], api_visibility="private")
 
         load_btn.click(
             h.load_replay,
@@ -224,6 +245,18 @@ def build_demo() -> gr.Blocks:
         prev_btn.click(lambda r: max(1, r - 1), replay_round, replay_round, api_visibility="private")
         next_btn.click(lambda r: r + 1, replay_round, replay_round, api_visibility="private")
     return demo
+
+
+def _while_running(button, stop, fn, inputs, outputs, api_name: str) -> None:
+    """A model-bound event: its button is disabled while it runs, and Stop ends it at the next round.
+
+    Stop asks the run to end rather than cancelling the event, so a stopped
+    run still shows every view of the rounds it finished.
+    """
+    disable = button.click(lambda: gr.update(interactive=False), None, button, api_visibility="private")
+    run = disable.then(fn, inputs, outputs, api_name=api_name, **MODEL)
+    run.then(lambda: gr.update(interactive=True), None, button, api_visibility="private")
+    stop.click(h.request_stop, None, None, queue=False, api_name=f"stop_{api_name}")
 
 
 def launch_options() -> dict:

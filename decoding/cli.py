@@ -54,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compile", action="store_true", help="torch.compile the models (warm-up takes minutes)")
     b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
 
-    p = sub.add_parser("prepare", help="convert offline presets into the model cache (once)")
+    p = sub.add_parser(
+        "prepare", help="convert offline presets into the model cache, or download hub models (once)"
+    )
     p.add_argument("models", nargs="*", default=["smollm2-135m"], help="presets or paths to convert")
     return parser
 
@@ -136,14 +138,16 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from .models import resolve_source
+    from .models import prepare
 
     for name in args.models:
-        print(f"{name}: {resolve_source(name)}")
+        print(f"{name}: {prepare(name)}")
     return 0
 
 
 def summary(trace) -> str:
+    from .trace import agreement
+
     t, m = trace.totals, trace.meta
     lines = [
         trace.output.text,
@@ -155,8 +159,10 @@ def summary(trace) -> str:
         f"{t['tokens_per_s']:.1f} tokens/s",
     ]
     if trace.baseline is not None:
-        same = "identical" if t["identical_to_baseline"] else "DIFFERENT"
         lines.append(
-            f"plain decoding {t['baseline_tokens_per_s']:.1f} tokens/s: speedup x{t['speedup']:.2f}, output {same}"
+            f"plain decoding {t['baseline_tokens_per_s']:.1f} tokens/s: speedup x{t['speedup']:.2f}, "
+            f"{agreement(trace).sentence}"
         )
+    if "stopped" in m:
+        lines.append(f"{m['stopped']}: the figures cover the rounds before that")
     return "\n".join(lines)

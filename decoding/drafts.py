@@ -15,8 +15,11 @@ import torch
 
 from .errors import SpecLensError
 from .forward import crop, forward, new_cache
-from .models import LoadedModel, check_same_tokenizer, compile_forward, load_model
+from .models import LoadedModel, check_same_tokenizer, compile_forward, load_model, public_name
+from .trace import Match
 from .verify import Sampling, warp
+
+TOP_N = 5  # how many alternatives a trace keeps where a round turned
 
 
 @dataclass
@@ -26,12 +29,22 @@ class Proposal:
     # [k, vocab] the distributions the tokens were drawn from; None for a
     # deterministic draft (q is one-hot on the proposed token).
     dists: torch.Tensor | None
+    # ([k, TOP_N] probabilities, [k, TOP_N] ids): the draft's favourites at each
+    # position, for the trace; None for a draft without a distribution.
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
+    match: Match | None = None  # n-gram drafts: where the tokens were copied from
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     def truncate(self, n: int) -> Proposal:
-        return Proposal(self.tokens[:n], self.q[:n], None if self.dists is None else self.dists[:n])
+        return Proposal(
+            self.tokens[:n],
+            self.q[:n],
+            None if self.dists is None else self.dists[:n],
+            None if self.top is None else (self.top[0][:n], self.top[1][:n]),
+            self.match,
+        )
 
 
 class Draft(ABC):
@@ -78,7 +91,7 @@ class ModelDraft(Draft):
         # Only the tokens the cache has not seen yet: after a round that
         # kept everything, the last draft token and the bonus token.
         fresh = seq[:, self.cache.get_seq_length() :]
-        tokens, qs, dists = [], [], []
+        tokens, qs, dists, tops = [], [], [], []
         for _ in range(k):
             logits = _fit_vocab(forward(self.model, fresh, self.cache, keep=1)[-1], self.vocab_size)
             if sampling.greedy:
@@ -90,12 +103,14 @@ class ModelDraft(Draft):
                 dists.append(probs)
             tokens.append(token)
             qs.append(probs[token])
+            tops.append(torch.topk(probs, TOP_N))
             fresh = token.view(1, 1)
             if min_confidence is not None and probs.max().item() < min_confidence:
                 break
         if not tokens:
             return empty_proposal(seq.device)
-        return Proposal(torch.stack(tokens), torch.stack(qs), torch.stack(dists) if dists else None)
+        top = (torch.stack([t.values for t in tops]), torch.stack([t.indices for t in tops]))
+        return Proposal(torch.stack(tokens), torch.stack(qs), torch.stack(dists) if dists else None, top)
 
     def rollback(self, length: int) -> None:
         crop(self.cache, length)
@@ -169,7 +184,8 @@ class NGramDraft(Draft):
             if hits.numel():
                 start = int(hits[0]) + n
                 tokens = ids[start : start + k]
-                return Proposal(tokens, torch.ones(tokens.shape[0], device=ids.device), None)
+                ones = torch.ones(tokens.shape[0], device=ids.device)
+                return Proposal(tokens, ones, None, match=Match(start, n))
         return empty_proposal(seq.device)
 
 
@@ -191,4 +207,4 @@ def build_draft(spec: str, target: LoadedModel) -> Draft | None:
         return draft
     draft = load_model(spec, str(target.device), str(target.dtype).removeprefix("torch."), target.compiled)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, spec)
-    return ModelDraft(draft.model, target.vocab_size, spec)
+    return ModelDraft(draft.model, target.vocab_size, public_name(spec))

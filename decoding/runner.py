@@ -10,11 +10,12 @@ from functools import cache
 
 import torch
 
+from .budget import RunStopped
 from .drafts import Draft, build_draft
 from .errors import SpecLensError
-from .models import LoadedModel, load_model
+from .models import LoadedModel, load_model, public_name, public_source
 from .policies import make_policy
-from .speculative import StepCallback, autoregressive_generate, speculative_generate
+from .speculative import StepCallback, StopCheck, autoregressive_generate, speculative_generate
 from .trace import Baseline, Trace
 from .verify import Sampling
 
@@ -109,8 +110,14 @@ def _target_and_prompt(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
     return target, prompt_ids
 
 
-def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
-    """Load (once), decode speculatively, optionally decode plainly too, and trace it all."""
+def generate(
+    config: RunConfig, on_step: StepCallback | None = None, should_stop: StopCheck | None = None
+) -> Trace:
+    """Load (once), decode speculatively, optionally decode plainly too, and trace it all.
+
+    A run that `should_stop` ends early keeps its rounds, says why in
+    `meta["stopped"]`, and is not compared with plain decoding.
+    """
     policy = make_policy(config.policy, config.k, config.confidence)
     target, prompt_ids = _target_and_prompt(config)
     draft = build_draft(config.draft, target)
@@ -128,30 +135,52 @@ def generate(config: RunConfig, on_step: StepCallback | None = None) -> Trace:
         eos,
         text,
         on_step,
-        meta=_meta(config, target, draft, policy.describe(), prompt_ids.shape[1]),
+        meta=_meta(config, target, draft, policy.describe(), prompt_ids[0].tolist(), text),
+        should_stop=should_stop,
     )
     trace.output.text = target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
-    if config.baseline:
-        trace.attach_baseline(plain_baseline(config))
+    if config.baseline and "stopped" not in trace.meta:
+        compare_with_plain(trace, config, should_stop)
     return trace
 
 
-def plain_baseline(config: RunConfig) -> Baseline:
-    """Decode `config.prompt` with the target alone: the reference for speed and output."""
+def compare_with_plain(trace: Trace, config: RunConfig, should_stop: StopCheck | None = None) -> None:
+    """Attach the plain run of the same prompt; a stopped one leaves the trace saying so."""
+    try:
+        trace.attach_baseline(plain_baseline(config, should_stop))
+    except RunStopped as stop:
+        trace.meta["stopped"] = f"{stop} while decoding plainly to compare"
+
+
+def plain_baseline(config: RunConfig, should_stop: StopCheck | None = None) -> Baseline:
+    """Decode `config.prompt` with the target alone: the reference for speed and output.
+
+    Raises RunStopped when `should_stop` ends it: half a reference compares with nothing.
+    """
     target, prompt_ids = _target_and_prompt(config)
     plain = autoregressive_generate(
-        target.model, prompt_ids, config.sampling, config.max_new_tokens, eos_ids(target)
+        target.model, prompt_ids, config.sampling, config.max_new_tokens, eos_ids(target), should_stop
     )
+    if plain.stopped:
+        raise RunStopped(plain.stopped)
     text = target.tokenizer.decode(plain.token_ids, skip_special_tokens=True)
     tps = len(plain.token_ids) / plain.wall_s
     return Baseline(text, plain.token_ids, plain.wall_s, tps, plain.token_times_s)
 
 
-def _meta(config: RunConfig, target: LoadedModel, draft: Draft, policy: dict, prompt_len: int) -> dict:
+def _meta(
+    config: RunConfig,
+    target: LoadedModel,
+    draft: Draft,
+    policy: dict,
+    prompt_ids: list[int],
+    text: Callable[[int], str],
+) -> dict:
     s = config.sampling
     return {
-        "target": config.target,
-        "target_source": target.source,
+        # Names, never local paths: a trace is made to be shared.
+        "target": public_name(config.target),
+        "target_source": public_source(config.target, target.source),
         "draft_kind": draft.kind,
         "draft": draft.name,
         "device": str(target.device),
@@ -168,7 +197,10 @@ def _meta(config: RunConfig, target: LoadedModel, draft: Draft, policy: dict, pr
         "max_new_tokens": config.max_new_tokens,
         "prompt": config.prompt,
         "chat_template": config.chat and bool(getattr(target.tokenizer, "chat_template", None)),
-        "prompt_tokens": prompt_len,
+        "prompt_tokens": len(prompt_ids),
+        # What the target saw, chat template included, token by token: the
+        # timeline shows it and marks where an n-gram draft copied from.
+        "prompt_token_texts": [text(t) for t in prompt_ids],
         "versions": library_versions(),
         "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }

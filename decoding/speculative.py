@@ -12,19 +12,22 @@ from typing import NamedTuple
 
 import torch
 
-from .drafts import Draft, Proposal, empty_proposal
+from .drafts import TOP_N, Draft, Proposal, empty_proposal
 from .forward import crop, forward, new_cache
 from .policies import Policy
-from .trace import DraftToken, Emitted, Step, Trace, Verdict, totals_from_counts
+from .trace import DraftToken, Emitted, Step, TopToken, Trace, Verdict, totals_from_counts, verdict_kind
 from .verify import Sampling, Verification, verify_greedy, verify_sampling, warp
 
 StepCallback = Callable[[Step, Trace], None]
+# Asked before every round (and every plain token): a reason to stop now, or None.
+StopCheck = Callable[[], str | None]
 
 
 class PlainRun(NamedTuple):
     token_ids: list[int]
     wall_s: float
     token_times_s: list[float]  # when each token was ready, from the start
+    stopped: str | None = None  # why it ended early, if it did
 
 
 class Clock:
@@ -58,11 +61,14 @@ def speculative_generate(
     on_step: StepCallback | None = None,
     meta: dict | None = None,
     record: bool = True,
+    should_stop: StopCheck | None = None,
 ) -> Trace:
     """Draft, verify, repeat; returns the full Trace of the run.
 
     `prompt_ids` is [1, n] on the target's device. `on_step` is called after
     every round with the new Step and the trace so far (for live UIs).
+    `should_stop` is asked before every round; a reason it gives ends the run
+    there, recorded as `meta["stopped"]`, with the rounds so far intact.
     With `record=False` nothing per round is kept or timed, only the totals:
     the benchmark uses it to measure what tracing costs.
     """
@@ -80,6 +86,9 @@ def speculative_generate(
     finished = False
     rounds = proposed = accepted = 0
     while not finished and len(output) < max_new_tokens:
+        if should_stop is not None and (reason := should_stop()):
+            trace.meta["stopped"] = reason
+            break
         t0 = clock() if record else 0.0
         # Leave room for the token the target adds, so a round never overshoots.
         k = min(policy.next_k(), max_new_tokens - len(output) - 1)
@@ -146,15 +155,29 @@ def _record(
     proposal: Proposal, v: Verification, emitted: int | None, token_text: Callable[[int], str]
 ) -> Step:
     ids = proposal.tokens.tolist()
-    q = proposal.q.tolist()
-    p = v.p.tolist()
-    accept_prob = v.accept_prob.tolist()
-    u = v.u.tolist() if v.u is not None else [None] * len(ids)
     n = v.n_accepted
+    # Past the first refused token nothing was judged: the target scored those
+    # after a prefix it had refused, so their numbers are not recorded.
+    p = v.p.tolist()[: n + 1]
+    accept_prob = v.accept_prob.tolist()[: n + 1]
+    u = v.u.tolist()[: n + 1] if v.u is not None else []
+    verdicts = []
+    for j in range(len(ids)):
+        kind = verdict_kind(j, n)
+        judged = kind != "discarded"
+        verdicts.append(
+            Verdict(
+                p[j] if judged else None,
+                accept_prob[j] if judged else None,
+                u[j] if judged and u else None,
+                kind == "accepted",
+                kind,
+            )
+        )
     return Step(
         k=len(ids),
-        draft=[DraftToken(t, token_text(t), qi) for t, qi in zip(ids, q)],
-        verdicts=[Verdict(pi, ai, ui, i < n) for i, (pi, ai, ui) in enumerate(zip(p, accept_prob, u))],
+        draft=[DraftToken(t, token_text(t), qi) for t, qi in zip(ids, proposal.q.tolist())],
+        verdicts=verdicts,
         n_accepted=n,
         emitted=None
         if emitted is None
@@ -164,7 +187,24 @@ def _record(
         draft_ms=0.0,
         verify_ms=0.0,
         step_ms=0.0,
+        target_top=_top(v.dist, token_text),
+        draft_top=_draft_top(proposal, n, token_text),
+        residual_top=None if v.residual is None else _top(v.residual, token_text),
+        match=proposal.match,
     )
+
+
+def _top(dist: torch.Tensor, token_text: Callable[[int], str]) -> list[TopToken]:
+    probs, ids = torch.topk(dist.float(), min(TOP_N, dist.shape[-1]))
+    return [TopToken(i, token_text(i), pr) for i, pr in zip(ids.tolist(), probs.tolist())]
+
+
+def _draft_top(proposal: Proposal, n: int, token_text: Callable[[int], str]) -> list[TopToken] | None:
+    # The draft's favourites at the refused position; a bonus position has none.
+    if n >= len(proposal) or proposal.top is None:
+        return None
+    probs, ids = proposal.top[0][n], proposal.top[1][n]
+    return [TopToken(i, token_text(i), pr) for i, pr in zip(ids.tolist(), probs.tolist())]
 
 
 def autoregressive_generate(
@@ -173,8 +213,12 @@ def autoregressive_generate(
     sampling: Sampling = Sampling(),
     max_new_tokens: int = 128,
     eos_ids: Collection[int] = (),
+    should_stop: StopCheck | None = None,
 ) -> PlainRun:
-    """Plain decoding with the same model, cache and timing as the speculative loop."""
+    """Plain decoding with the same model, cache and timing as the speculative loop.
+
+    A reason from `should_stop` ends it early; the run then says why.
+    """
     device = prompt_ids.device
     clock = Clock(device)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
@@ -185,6 +229,8 @@ def autoregressive_generate(
     cache = _prefill(target, prompt_ids)
     last = prompt_ids[:, -1:]
     while len(output) < max_new_tokens:
+        if should_stop is not None and (reason := should_stop()):
+            return PlainRun(output, clock() - start, times, reason)
         logits = forward(target, last, cache)
         if sampling.greedy:
             token = logits[-1].argmax()

@@ -8,9 +8,11 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 
 from . import costmodel
+from .budget import RunStopped
 from .errors import SpecLensError
 from .policies import K_MAX, K_MIN
 from .runner import RunConfig, generate, plain_baseline
+from .speculative import StopCheck
 from .trace import Trace
 
 SWEEP_COLUMNS = [
@@ -30,18 +32,29 @@ SWEEP_COLUMNS = [
 
 
 def sweep(
-    config: RunConfig, ks: Sequence[int], progress: Callable[[int, int], None] | None = None
+    config: RunConfig,
+    ks: Sequence[int],
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: StopCheck | None = None,
 ) -> tuple[list[Trace], pd.DataFrame]:
-    """Run `config` once per k (fixed policy) against one plain baseline."""
+    """Run `config` once per k (fixed policy) against one plain baseline.
+
+    Stopped half-way, it returns the k values that finished; stopped before
+    any did, it raises RunStopped.
+    """
     ks = sorted(set(ks))
     if not ks or ks[0] < K_MIN or ks[-1] > K_MAX:
         raise SpecLensError(f"sweep k values must lie in {K_MIN}..{K_MAX}, got {list(ks)}")
-    baseline = plain_baseline(config)
+    baseline = plain_baseline(config, should_stop)
     traces = []
     for i, k in enumerate(ks):
         if progress:
             progress(i, len(ks))
-        trace = generate(dataclasses.replace(config, k=k, policy="fixed", baseline=False))
+        trace = generate(dataclasses.replace(config, k=k, policy="fixed", baseline=False), None, should_stop)
+        if "stopped" in trace.meta:  # a k measured on part of the text compares with nothing
+            if not traces:
+                raise RunStopped(f"{trace.meta['stopped']} before the first k finished")
+            break
         trace.attach_baseline(baseline)
         traces.append(trace)
     if progress:

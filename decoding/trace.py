@@ -11,7 +11,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-TOKEN_KINDS = ("prompt", "accepted", "rejected", "correction", "bonus")
+from .errors import TraceError
+
+TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bonus")
+VERDICT_KINDS = ("accepted", "rejected", "discarded")
+# 1: verdicts without `kind`, discarded tokens carried numbers. 2: kinds, top-5 lists, n-gram matches.
+TRACE_VERSION = 2
 
 
 @dataclass
@@ -23,10 +28,18 @@ class DraftToken:
 
 @dataclass
 class Verdict:
-    p: float  # the target's probability of the drafted token
-    accept_prob: float  # min(1, p/q) when sampling; 1 or 0 when greedy
+    """The target's judgement of one draft position.
+
+    Only the accepted prefix and the first refused token were judged. The
+    target scored the tokens after that one following a prefix it had
+    refused, so for a `discarded` token p, accept_prob and u are None.
+    """
+
+    p: float | None  # the target's probability of the drafted token
+    accept_prob: float | None  # min(1, p/q) when sampling; 1 or 0 when greedy
     u: float | None  # the uniform draw; None when greedy
     accepted: bool
+    kind: str = ""  # accepted, rejected or discarded; filled from the position when empty
 
 
 @dataclass
@@ -35,6 +48,21 @@ class Emitted:
     text: str
     kind: str  # "correction" or "bonus"
     p: float  # the target's probability of this token
+
+
+@dataclass
+class TopToken:
+    id: int
+    text: str
+    prob: float
+
+
+@dataclass
+class Match:
+    """Where an n-gram draft copied its proposal from, in token positions of the sequence."""
+
+    start: int  # the first copied token; the matched n-gram ends just before it
+    ngram: int  # how many tokens matched
 
 
 @dataclass
@@ -48,10 +76,30 @@ class Step:
     draft_ms: float
     verify_ms: float
     step_ms: float
+    # What a reader wants where the round turned: the distributions at the
+    # position of the emitted token (the first refused draft position, or the
+    # bonus position). None when not recorded (simulations, version-1 traces).
+    target_top: list[TopToken] | None = None
+    draft_top: list[TopToken] | None = None  # the draft's, when it has a distribution there
+    residual_top: list[TopToken] | None = None  # sampling: max(0, p - q) normalised, drawn from
+    match: Match | None = None  # n-gram drafts: where the proposal was copied from
+
+    def __post_init__(self) -> None:
+        for j, v in enumerate(self.verdicts):
+            if not v.kind:
+                v.kind = verdict_kind(j, self.n_accepted)
+                if v.kind == "discarded":  # a version-1 trace: its numbers meant nothing
+                    v.p = v.accept_prob = v.u = None
 
     @property
     def new_tokens(self) -> int:
         return self.n_accepted + (self.emitted is not None)
+
+
+def verdict_kind(position: int, n_accepted: int) -> str:
+    if position < n_accepted:
+        return "accepted"
+    return "rejected" if position == n_accepted else "discarded"
 
 
 @dataclass
@@ -76,6 +124,7 @@ class Trace:
     totals: dict[str, Any] = field(default_factory=dict)
     output: Output = field(default_factory=lambda: Output("", []))
     baseline: Baseline | None = None
+    version: int = TRACE_VERSION
 
     # -- derived views -------------------------------------------------------
 
@@ -129,27 +178,32 @@ class Trace:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trace:
+        """Build a trace from its JSON form; version-1 traces are migrated on the way."""
         try:
-            steps = [_step_from_dict(s) for s in data["steps"]]
+            version = data.get("version", 1)
+            if not isinstance(version, int) or not 1 <= version <= TRACE_VERSION:
+                raise TraceError(f"not a SpecLens trace: unknown version {version!r}")
             baseline = data.get("baseline")
             return cls(
                 meta=dict(data["meta"]),
-                steps=steps,
-                totals=dict(data.get("totals", {})),
+                steps=[_step_from_dict(s) for s in data["steps"]],
+                totals=dict(data.get("totals") or {}),
                 output=Output(**data["output"]),
                 baseline=Baseline(**baseline) if baseline else None,
             )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a SpecLens trace: missing or malformed field {exc}") from exc
+        except TraceError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TraceError(f"not a SpecLens trace: missing or malformed field {exc}") from None
 
     @classmethod
     def from_json(cls, text: str) -> Trace:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"not a SpecLens trace: invalid JSON ({exc})") from exc
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise TraceError(f"not a SpecLens trace: invalid JSON ({exc})") from None
         if not isinstance(data, dict):
-            raise ValueError("not a SpecLens trace: the top level must be an object")
+            raise TraceError("not a SpecLens trace: the top level must be an object")
         return cls.from_dict(data)
 
     @classmethod
@@ -178,8 +232,12 @@ def totals_from_counts(
     }
 
 
+def _tops(rows: list[dict] | None) -> list[TopToken] | None:
+    return None if rows is None else [TopToken(**r) for r in rows]
+
+
 def _step_from_dict(s: dict[str, Any]) -> Step:
-    emitted = s.get("emitted")
+    emitted, match = s.get("emitted"), s.get("match")
     return Step(
         k=s["k"],
         draft=[DraftToken(**t) for t in s["draft"]],
@@ -189,6 +247,10 @@ def _step_from_dict(s: dict[str, Any]) -> Step:
         draft_ms=s["draft_ms"],
         verify_ms=s["verify_ms"],
         step_ms=s["step_ms"],
+        target_top=_tops(s.get("target_top")),
+        draft_top=_tops(s.get("draft_top")),
+        residual_top=_tops(s.get("residual_top")),
+        match=Match(**match) if match else None,
     )
 
 
@@ -211,19 +273,19 @@ def token_events(trace: Trace) -> list[dict[str, Any]]:
 
     `position` is the draft position within the round (0-based; the emitted
     token sits at `n_accepted`); `output_index` numbers the tokens of the
-    output and is None for rejected drafts. Prompt tokens are not repeated
-    here (the trace stores the prompt text and count in `meta`).
+    output and is None for rejected and discarded drafts. Prompt tokens are
+    not repeated here (the trace stores the prompt text and count in `meta`).
     """
     rows: list[dict[str, Any]] = []
     out = 0
     for i, step in enumerate(trace.steps):
         for j, (tok, v) in enumerate(zip(step.draft, step.verdicts)):
-            kept = j < step.n_accepted
+            kept = v.kind == "accepted"
             rows.append(
                 {
                     "step": i,
                     "position": j,
-                    "kind": "accepted" if kept else "rejected",
+                    "kind": v.kind,
                     "token_id": tok.id,
                     "text": tok.text,
                     "q": tok.q,
@@ -254,24 +316,127 @@ def token_events(trace: Trace) -> list[dict[str, Any]]:
     return rows
 
 
-def check_invariants(trace: Trace) -> None:
-    """Raise AssertionError when the trace contradicts itself."""
+# -- validation ---------------------------------------------------------------
+
+
+def validate(trace: Trace) -> None:
+    """Raise TraceError naming the first way the trace contradicts itself.
+
+    Run on every trace that comes from outside (an upload, a file), so a
+    corrupt one is refused with one line instead of breaking a view.
+    """
     for i, s in enumerate(trace.steps):
-        assert s.k == len(s.draft) == len(s.verdicts), f"step {i}: k/draft/verdicts differ"
-        flags = [v.accepted for v in s.verdicts]
-        assert flags == [True] * s.n_accepted + [False] * (s.k - s.n_accepted), (
-            f"step {i}: accepted flags are not a prefix of length n_accepted"
-        )
-        if s.emitted is not None:
-            expected = "bonus" if s.n_accepted == s.k else "correction"
-            assert s.emitted.kind == expected, f"step {i}: emitted kind {s.emitted.kind}"
-        else:
-            assert s.n_accepted > 0, f"step {i}: nothing emitted and nothing accepted"
-            assert i == len(trace.steps) - 1, f"step {i}: only the last round may end on EOS"
-    assert trace.emitted_ids() == trace.output.token_ids, "steps do not rebuild the output"
+        problem = _step_problem(s, is_last=i == len(trace.steps) - 1)
+        if problem:
+            raise TraceError(f"round {i + 1}: {problem}")
+    if trace.emitted_ids() != trace.output.token_ids:
+        raise TraceError("the rounds do not rebuild the output tokens")
     t = trace.totals
     if t:
-        assert t["steps"] == len(trace.steps)
-        assert t["new_tokens"] == len(trace.output.token_ids)
-        assert t["proposed"] == sum(s.k for s in trace.steps)
-        assert t["accepted"] == sum(s.n_accepted for s in trace.steps)
+        for key, value in (
+            ("steps", len(trace.steps)),
+            ("new_tokens", len(trace.output.token_ids)),
+            ("proposed", sum(s.k for s in trace.steps)),
+            ("accepted", sum(s.n_accepted for s in trace.steps)),
+        ):
+            if t.get(key) != value:
+                raise TraceError(f"totals.{key} is {t.get(key)!r} but the rounds give {value}")
+
+
+check_invariants = validate  # the name the tests grew up with
+
+
+def _is_prob(x: Any) -> bool:
+    # 1e-4 of slack: float32 softmax sums can round just past 1.
+    return isinstance(x, int | float) and not isinstance(x, bool) and -1e-4 <= x <= 1 + 1e-4
+
+
+def _step_problem(s: Step, is_last: bool) -> str | None:
+    if not isinstance(s.k, int) or not isinstance(s.n_accepted, int):
+        return "k and n_accepted must be whole numbers"
+    if not s.k == len(s.draft) == len(s.verdicts):
+        return f"k is {s.k} but it has {len(s.draft)} draft tokens and {len(s.verdicts)} verdicts"
+    if not 0 <= s.n_accepted <= s.k:
+        return f"n_accepted {s.n_accepted} is outside 0..{s.k}"
+    for j, (tok, v) in enumerate(zip(s.draft, s.verdicts)):
+        problem = _token_problem(tok, v, verdict_kind(j, s.n_accepted))
+        if problem:
+            return f"draft position {j + 1}: {problem}"
+    if s.emitted is None:
+        if s.n_accepted == 0 or not is_last:
+            return "nothing was emitted, which only the last round may do after an accepted end of text"
+        return None
+    expected = "bonus" if s.n_accepted == s.k else "correction"
+    if s.emitted.kind != expected:
+        return f"the emitted token is a {s.emitted.kind!r}, expected a {expected!r}"
+    if not isinstance(s.emitted.id, int) or not isinstance(s.emitted.text, str) or not _is_prob(s.emitted.p):
+        return "the emitted token needs a whole-number id, a text and a probability p"
+    return None
+
+
+def _token_problem(tok: DraftToken, v: Verdict, kind: str) -> str | None:
+    if not isinstance(tok.id, int) or not isinstance(tok.text, str) or not _is_prob(tok.q):
+        return "a draft token needs a whole-number id, a text and a probability q"
+    if v.kind != kind or v.accepted != (kind == "accepted"):
+        return f"the verdict says {v.kind!r} (accepted={v.accepted}) but its place in the round makes it {kind!r}"
+    if kind == "discarded":
+        if (v.p, v.accept_prob, v.u) != (None, None, None):
+            return "a discarded token was never judged, so its p, accept_prob and u must be null"
+    elif not (_is_prob(v.p) and _is_prob(v.accept_prob) and (v.u is None or _is_prob(v.u))):
+        return "a judged token needs p and accept_prob between 0 and 1"
+    return None
+
+
+# -- what "compared with plain decoding" may promise -------------------------
+
+
+@dataclass
+class Agreement:
+    """How a run's output relates to plain decoding's, and what that means."""
+
+    label: str  # a card's label
+    value: str  # a card's value: ✓, ✗, ≈ ...
+    good: bool | None  # green, red, or neither (nothing was promised)
+    sentence: str  # one line for the CLI and captions
+    first_difference: int | None = None  # the first output position that differs
+
+
+def agreement(trace: Trace) -> Agreement | None:
+    """What a comparison with plain decoding shows, by what the run promises.
+
+    Greedy in float32 or float64 promises the same tokens. Sampling promises
+    only the same distribution, so two runs differ by design. Greedy in 16-bit
+    floats rounds a k-token pass differently from a one-token one, so a
+    near-tie may flip: a difference there is expected, and where it starts
+    is worth showing.
+    """
+    if trace.baseline is None:
+        return None
+    ours, plain = trace.output.token_ids, trace.baseline.token_ids
+    first = next((i for i, (a, b) in enumerate(zip(ours, plain)) if a != b), None)
+    if first is None and len(ours) != len(plain):
+        first = min(len(ours), len(plain))
+    sampling = trace.meta.get("sampling", {})
+    if not sampling.get("greedy", True):
+        return Agreement(
+            "same distribution as plain sampling",
+            "≈",
+            None,
+            "same distribution as plain sampling (not token-identical by design)",
+            first,
+        )
+    if first is None:
+        return Agreement("identical to plain decoding", "✓", True, "output identical to plain decoding")
+    where = f"first difference at output token {first + 1}"
+    if trace.meta.get("dtype") in ("bfloat16", "float16"):
+        return Agreement(
+            f"may differ at near-ties ({trace.meta['dtype']})",
+            f"≠ from token {first + 1}",
+            None,
+            f"output differs from plain decoding, {where}: expected in {trace.meta['dtype']}, "
+            "whose k-token and one-token passes round near-ties differently",
+            first,
+        )
+    return Agreement(
+        "identical to plain decoding", "✗", False, f"output DIFFERENT from plain decoding, {where}", first
+    )

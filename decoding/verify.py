@@ -59,6 +59,9 @@ class Verification:
     u: torch.Tensor | None  # [k] uniform draws; None when greedy
     emitted: torch.Tensor  # [] the token the target adds
     p_emitted: torch.Tensor  # []
+    dist: torch.Tensor  # [vocab] the target's distribution where it added its token
+    # [vocab] sampling after a rejection: max(0, p - q) normalised, what the token was drawn from
+    residual: torch.Tensor | None = None
 
 
 def _prefix_len(ok: torch.Tensor) -> int:
@@ -77,7 +80,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor) -> Verif
     probs = target_logits.float().softmax(-1)
     p = probs[torch.arange(k, device=probs.device), draft_ids]
     emitted = best[n]
-    return Verification(n, p, (best[:k] == draft_ids).float(), None, emitted, probs[n, emitted])
+    return Verification(n, p, (best[:k] == draft_ids).float(), None, emitted, probs[n, emitted], probs[n])
 
 
 def verify_sampling(
@@ -100,6 +103,7 @@ def verify_sampling(
     accept_prob = (p / q).clamp(max=1.0)
     u = torch.rand(k, generator=generator, device=target_probs.device)
     n = _prefix_len(u < accept_prob)
+    residual = None
     if n < k:
         if draft_probs is None:
             q_row = torch.zeros_like(target_probs[n])
@@ -109,8 +113,10 @@ def verify_sampling(
         residual = (target_probs[n] - q_row).clamp(min=0.0)
         # p == q leaves no residual mass, but then rejection had probability 0
         # and only rounding brought us here: fall back to p.
-        dist = residual if residual.sum() > 0 else target_probs[n]
+        mass = residual.sum()
+        residual = residual / mass if mass > 0 else target_probs[n]
+        dist = residual
     else:
         dist = target_probs[k]
     emitted = torch.multinomial(dist, 1, generator=generator)[0]
-    return Verification(n, p, accept_prob, u, emitted, target_probs[n, emitted])
+    return Verification(n, p, accept_prob, u, emitted, target_probs[n, emitted], target_probs[n], residual)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_every_draft_source_and_sampling(client):
         ({"prompt": "x" * 60000}, "50,000 characters"),
         ({"target": "no-such-model"}, "unknown model"),
         ({"target": "someone/some-model"}, "not reachable"),
-        ({"source": "first N layers of the target", "n_layers": 40}, "layers:N needs"),
+        ({"source": "first N layers of the target", "n_layers": 40}, "greater than maximum value 29"),
         ({"source": "separate draft model", "draft_model": "nonsense"}, "unknown model"),
         ({"prompt": "word " * 9000}, "context"),
     ],
@@ -90,12 +91,68 @@ def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
     assert Trace.load(json_path).totals["new_tokens"] == 4
 
 
-def test_time_limit(client, monkeypatch):
+def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
     from app import handlers
 
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
-    with pytest.raises(Exception, match="limit"):
-        client.predict(**generate_args(), api_name="/generate")
+    timeline, text, cards, *figs, json_path, csv_path, round_update, sentence = client.predict(
+        **generate_args(), api_name="/generate"
+    )
+    trace = Trace.load(json_path)
+    check_invariants(trace)
+    assert trace.meta["stopped"].startswith("stopped at the 0 s time limit")
+    assert 1 <= len(trace.steps) < 20 and "speedup" not in trace.totals  # no comparison after a stop
+    assert "time limit" in cards and timeline.count("data-step=") == len(trace.steps)
+
+
+def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeypatch):
+    from app import handlers
+    from decoding import runner
+
+    real_load = runner.load_model
+
+    def slow_load(*args, **kwargs):
+        time.sleep(3.0)  # a first conversion, say
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(handlers, "TIME_LIMIT_S", 2.5)
+    monkeypatch.setattr(runner, "load_model", slow_load)
+    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=8, compare=False), api_name="/generate")
+    trace = Trace.load(json_path)
+    assert "stopped" not in trace.meta and trace.totals["new_tokens"] == 8
+
+
+def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(client):
+    job = client.submit(**generate_args("Count from one to two hundred.", max_new=400), api_name="/generate")
+    deadline = time.monotonic() + 120
+    while not job.outputs() and time.monotonic() < deadline:  # the first rounds have streamed
+        time.sleep(0.2)
+    client.predict(api_name="/stop_generate")
+    *_, json_path, _, _, _ = job.result(timeout=120)
+    trace = Trace.load(json_path)
+    check_invariants(trace)
+    assert trace.meta["stopped"] == "stopped by the user" and 0 < trace.totals["new_tokens"] < 400
+    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    assert Trace.load(json_path).totals["new_tokens"] == 4
+
+
+def test_the_sweep_has_the_same_budget(client, monkeypatch):
+    from app import handlers
+
+    monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
+    with pytest.raises(Exception, match="time limit"):
+        client.predict(PROMPT, "smollm2-135m", NGRAM, 10, "", 0, 0, 1, 0, 16, 1, 3, api_name="/sweep")
+
+
+def test_n_follows_the_targets_layer_count(client):
+    assert client.predict("smollm2-135m", 10, api_name="/layer_range")["maximum"] == 29
+    update = client.predict("gemma3-270m", 25, api_name="/layer_range")
+    assert update["maximum"] == 17 and update["value"] == 17
+
+
+def test_a_separate_draft_model_must_be_named(client):
+    with pytest.raises(Exception, match="choose a draft model"):
+        client.predict(**generate_args(source="separate draft model", draft_model=""), api_name="/generate")
 
 
 def test_two_sessions_get_their_own_traces(live_app):
@@ -140,3 +197,21 @@ def test_replay_examples_and_upload(client):
     assert sentence.startswith("Round 1:")
     with pytest.raises(Exception, match="upload a trace"):
         client.predict(None, None, api_name="/replay")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["steps"][0].update(n_accepted=7), "round 1: n_accepted 7 is outside"),
+        (lambda d: d["output"].update(token_ids=[1, 2]), "do not rebuild the output"),
+        (lambda d: d.update(steps="x"), "not a SpecLens trace"),
+    ],
+)
+def test_a_corrupt_upload_is_refused_naming_its_first_problem(client, tmp_path, mutate, message):
+    example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
+    data = json.loads(example.read_text())
+    mutate(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(Exception, match=message):
+        client.predict(handle_file(str(bad)), None, api_name="/replay")

@@ -137,3 +137,61 @@ def test_theory_simulation(page):
     page.click("#simulate")
     page.wait_for_selector("#sim-timeline [data-step='0']", timeout=30_000)
     page.screenshot(path=ARTIFACTS / "theory.png", full_page=True)
+
+
+def test_stop_a_long_run_then_run_again(page):
+    page.fill("#prompt textarea", "Count from one to three hundred, one number per line.")
+    set_number(page, "max-new", 512)
+    page.click("#run")
+    page.wait_for_selector("#timeline [data-step='2']", timeout=LONG)
+    assert page.locator("#run").is_disabled()  # one run at a time from this page
+    page.click("#stop")
+    page.wait_for_function(
+        "document.querySelector('#cards').innerText.includes('stopped by the user')", timeout=60_000
+    )
+    rounds = page.locator("#timeline [data-step]").count()
+    assert 3 <= rounds < 512
+    page.wait_for_function("!document.querySelector('#run').disabled", timeout=30_000)
+    page.screenshot(path=ARTIFACTS / "stopped.png", full_page=True)
+
+    set_number(page, "max-new", 6)
+    page.click("#run")
+    page.wait_for_function(
+        "document.querySelector('#cards').innerText.includes('identical')"
+        " && !document.querySelector('#cards').innerText.includes('stopped')",
+        timeout=LONG,
+    )
+
+
+def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
+    from decoding.trace import DraftToken, Emitted, Output, Step, Verdict
+
+    hostile = ["<img src=x>", "**bold**"]
+    step = Step(
+        2,
+        [DraftToken(1, hostile[0], 0.9), DraftToken(2, hostile[1], 0.8)],
+        [Verdict(0.9, 1.0, None, True), Verdict(0.1, 0.0, None, False)],
+        1,
+        Emitted(3, "<b>x</b>", "correction", 0.7),
+        1.0,
+        1.0,
+        2.0,
+    )
+    trace = Trace(meta={"prompt": "<i>hi</i>", "sampling": {"greedy": True}}, steps=[step])
+    trace.output = Output("x", [1, 3])
+    trace.compute_totals(0.01)
+    path = tmp_path / "hostile.json"
+    trace.save(path)
+
+    page.get_by_role("tab", name="Replay").click()
+    page.set_input_files("#upload input[type=file]", str(path))
+    page.wait_for_selector("#upload a", timeout=30_000)  # uploaded
+    page.click("#load")
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
+    )
+    sentence = page.locator("#replay-sentence")
+    assert sentence.locator("img, strong, b").count() == 0
+    text = sentence.inner_text()
+    assert all(h in text for h in [*hostile, "<b>x</b>"]), text
+    assert page.locator("#replay-timeline img, #replay-timeline i").count() == 0

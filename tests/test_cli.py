@@ -47,7 +47,36 @@ def test_generate_end_to_end_subprocess(tmp_path, smol):
     }
     assert set(data["meta"]) >= {"target", "draft_kind", "draft", "device", "dtype", "policy", "sampling"}
     assert data["meta"]["prompt_tokens"] > 10
+    assert len(data["meta"]["prompt_token_texts"]) == data["meta"]["prompt_tokens"]
+    assert data["version"] == 2 and {v["kind"] for s in data["steps"] for v in s["verdicts"]} <= {
+        "accepted",
+        "rejected",
+        "discarded",
+    }
+    # A trace is made to be shared: where the model sits on this machine stays here.
+    meta = data["meta"]
+    assert meta["target_source"] == "HuggingFaceTB/SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf)"
+    assert str(Path.home()) not in out.read_text() and ".cache" not in out.read_text()
+    assert "output identical to plain decoding" in done.stdout
     check_invariants(Trace.from_dict(data))
+
+
+def test_a_local_model_is_named_by_its_folder_alone(tmp_path, capsys, mismatched_draft):
+    out = tmp_path / "t.json"
+    args = ["--target", str(mismatched_draft), "--draft", "ngram", "--max-new-tokens", "4", "--no-chat"]
+    assert main(["generate", "--prompt", "a b a b a b", *args, "--trace-out", str(out)]) == 0
+    meta = Trace.load(out).meta
+    assert meta["target"] == meta["target_source"] == mismatched_draft.name
+    assert str(mismatched_draft.parent) not in out.read_text()
+
+
+@pytest.mark.slow
+def test_sampled_comparison_is_not_called_a_difference(capsys, smol):
+    args = ["--temperature", "0.9", "--seed", "2", "--max-new-tokens", "8", "--baseline"]
+    assert main(["generate", "--prompt", PROMPT, *args]) == 0
+    out = capsys.readouterr().out
+    assert "same distribution as plain sampling (not token-identical by design)" in out
+    assert "DIFFERENT" not in out
 
 
 @pytest.mark.slow
@@ -183,6 +212,13 @@ def test_folder_without_model(capsys, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_asked_for_without_cuda(capsys):
     assert "CUDA is not available" in run_bad(capsys, "--prompt", "hi", "--device", "cuda")
+
+
+def test_prepare_fetches_a_hub_preset_or_says_why_not(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["prepare", "smollm2-360m"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot fetch 'HuggingFaceTB/SmolLM2-360M-Instruct'" in err and "not reachable" in err
 
 
 def test_prepare_prints_the_cache_folder(capsys, smol):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
+from decoding.errors import TraceError
 from decoding.policies import make_policy
 from decoding.speculative import speculative_generate
-from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, Trace, check_invariants
+from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, Trace, check_invariants, validate
 from decoding.verify import Sampling
+
+V1_TRACE = Path(__file__).parent / "data" / "trace-v1.json"  # written before verdicts had kinds
 
 
 def traces(target):
@@ -44,7 +48,13 @@ def test_invariants_hold(tiny_target):
         for s in trace.steps:
             assert s.step_ms >= s.draft_ms + s.verify_ms - 1e-6
             # Positions after the first rejection were conditioned on a wrong
-            # prefix: their verdicts are recorded but decide nothing.
+            # prefix: they were never judged, and carry no numbers.
+            kinds = [v.kind for v in s.verdicts]
+            assert kinds == ["accepted"] * s.n_accepted + ["rejected", "discarded"][: s.k - s.n_accepted] + [
+                "discarded"
+            ] * max(0, s.k - s.n_accepted - 2)
+            for v in s.verdicts[s.n_accepted + 1 :]:
+                assert (v.p, v.accept_prob, v.u, v.accepted) == (None, None, None, False)
             for v in s.verdicts[: s.n_accepted + 1]:
                 assert 0.0 <= v.p <= 1.0 and 0.0 <= v.accept_prob <= 1.0
                 if greedy:
@@ -71,18 +81,76 @@ def test_dataframe_one_row_per_event(tiny_target):
         emitted = sum(s.emitted is not None for s in trace.steps)
         assert len(df) == sum(s.k for s in trace.steps) + emitted
         assert set(df["kind"]) <= set(TOKEN_KINDS)
-        out = df[df["kind"] != "rejected"]
+        thrown = df["kind"].isin(["rejected", "discarded"])
+        out = df[~thrown]
         assert out["output_index"].tolist() == list(range(len(trace.output.token_ids)))
         assert out["token_id"].tolist() == trace.output.token_ids
-        assert df[df["kind"] == "rejected"]["output_index"].isna().all()
+        assert df[thrown]["output_index"].isna().all()
+        # One judged-and-refused token per round at most; everything after it is discarded, unjudged.
+        assert (df[df["kind"] == "rejected"].groupby("step").size() <= 1).all()
+        discarded = df[df["kind"] == "discarded"]
+        assert discarded[["p", "accept_prob", "u"]].isna().all().all()
+    assert any((t.to_dataframe()["kind"] == "discarded").any() for t in traces(tiny_target))
 
 
 def test_invariant_checker_catches_a_broken_trace(tiny_target):
     trace = traces(tiny_target)[0]
     step = next(s for s in trace.steps if s.k > s.n_accepted)
     step.verdicts[step.n_accepted].accepted = True  # no longer a prefix
-    with pytest.raises(AssertionError):
+    with pytest.raises(TraceError, match="round"):
         check_invariants(trace)
+
+
+def test_version_1_traces_load_with_kinds_and_without_unjudged_numbers():
+    old = json.loads(V1_TRACE.read_text())
+    assert "version" not in old and "kind" not in old["steps"][0]["verdicts"][0]
+    trace = Trace.load(V1_TRACE)
+    validate(trace)
+    assert trace.version == 2
+    discarded = [v for s in trace.steps for v in s.verdicts if v.kind == "discarded"]
+    assert len(discarded) == 46  # 31 of them said "accept prob = 1.000" before
+    assert all(v.p is None and v.accept_prob is None for v in discarded)
+    again = Trace.from_json(trace.to_json())
+    assert again.to_dict() == trace.to_dict()
+
+
+def corrupt(data: dict, path: str, value) -> dict:
+    data = json.loads(json.dumps(data))
+    *keys, last = path.split(".")
+    node = data
+    for key in keys:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[int(last) if isinstance(node, list) else last] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("steps.0.k", 9, "round 1: k is 9"),
+        ("steps.3.n_accepted", -1, "round 4: n_accepted -1"),
+        ("steps.0.draft.0.q", 7.5, "round 1: draft position 1: a draft token needs"),
+        ("steps.3.draft.0.id", "x", "round 4: draft position 1"),
+        ("steps.0.emitted.kind", "bonus", "round 1: the emitted token is a 'bonus'"),
+        ("steps.2.emitted", None, "round 3: nothing was emitted"),
+        ("output.token_ids", [1, 2, 3], "do not rebuild the output"),
+        ("totals.accepted", 999, "totals.accepted is 999"),
+        ("version", 99, "unknown version 99"),
+        ("steps.0.verdicts", "nope", "not a SpecLens trace"),
+    ],
+)
+def test_a_corrupt_trace_is_refused_naming_its_first_problem(path, value, message):
+    data = json.loads(V1_TRACE.read_text())
+    with pytest.raises(TraceError, match=message):
+        validate(Trace.from_dict(corrupt(data, path, value)))
+
+
+def test_a_discarded_token_with_numbers_is_refused():
+    trace = Trace.load(V1_TRACE)
+    step = next(s for s in trace.steps if s.k - s.n_accepted >= 2)
+    step.verdicts[-1].p = 0.5
+    with pytest.raises(TraceError, match="never judged"):
+        validate(trace)
 
 
 @pytest.mark.parametrize("text", ["", "[1, 2]", "{not json", '{"meta": {}}'])
@@ -104,3 +172,62 @@ def test_untraced_run_has_the_same_output_and_totals(tiny_target):
         assert bare.steps == [] and bare.output.token_ids == traced.output.token_ids
         for key in ("steps", "new_tokens", "proposed", "accepted", "acceptance_rate", "tokens_per_step"):
             assert bare.totals[key] == traced.totals[key], key
+
+
+def test_where_a_round_turned_the_trace_keeps_both_top_fives(tiny_target, tiny_draft):
+    from visualize.timeline import timeline_html
+
+    prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9]])
+    for sampling in (Sampling(), Sampling(1.0, seed=3)):
+        trace = speculative_generate(
+            tiny_target, prompt, ModelDraft(tiny_draft, 64, "tiny"), make_policy("fixed", 3), sampling, 30
+        )
+        turned = [s for s in trace.steps if s.n_accepted < s.k]
+        assert turned
+        for s in trace.steps:
+            probs = [t.prob for t in s.target_top]
+            assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
+            if sampling.greedy:  # the target's own token is its top choice
+                assert s.target_top[0].id == s.emitted.id
+            if s.n_accepted == s.k:  # a bonus: no draft distribution at that position
+                assert s.draft_top is None and s.residual_top is None
+        for s in turned:
+            rejected = s.draft[s.n_accepted]
+            if sampling.greedy:
+                assert s.draft_top[0].id == rejected.id and s.residual_top is None
+            else:
+                assert s.draft_top[0].prob >= rejected.q - 1e-6
+                # Rejected means p < q there, so the residual max(0, p - q) holds none of it.
+                residual = {t.id: t.prob for t in s.residual_top}
+                assert residual.get(rejected.id, 0.0) == 0.0
+                assert sum(residual.values()) <= 1 + 1e-6
+        tips = timeline_html(trace)
+        assert "target&#x27;s top 5 here" in tips and "draft&#x27;s top 5 here" in tips
+        assert ("drawn from the residual" in tips) == (not sampling.greedy)
+
+
+def test_ngram_rounds_say_where_they_copied_from(tiny_target):
+    from visualize.timeline import timeline_html
+
+    prompt_ids = [1, 5, 9, 3, 7, 5, 9, 3, 7, 5, 9]
+    texts = [f"<{i}>" for i in prompt_ids]
+    trace = speculative_generate(
+        tiny_target,
+        torch.tensor([prompt_ids]),
+        NGramDraft(),
+        make_policy("fixed", 4),
+        max_new_tokens=30,
+        meta={"prompt": "p", "prompt_tokens": len(prompt_ids), "prompt_token_texts": texts},
+    )
+    seq = list(prompt_ids)
+    for s in trace.steps:
+        if s.k:
+            m = s.match
+            assert seq[m.start - m.ngram : m.start] == seq[len(seq) - m.ngram :]  # the suffix it matched
+            assert [t.id for t in s.draft] == seq[m.start : m.start + s.k]  # what followed it
+        seq += trace.output.token_ids[len(seq) - len(prompt_ids) :][: s.new_tokens]
+    first = next(i for i, s in enumerate(trace.steps) if s.match and s.match.start < len(prompt_ids))
+    html = timeline_html(trace, selected=first)
+    assert 'class="sl-match-key"' in html and 'class="sl-match-copy"' in html
+    assert "copied from prompt tokens" in html
+    assert 'class="sl-match' not in timeline_html(trace)  # only for a selected round

@@ -62,7 +62,7 @@ def test_timeline_escapes_and_colours_every_kind():
     html = timeline_html(hand_made())
     assert "<script>" not in html and "&lt;script&gt;" in html
     assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>" not in html
-    for kind in ("prompt", "accepted", "rejected", "correction", "bonus"):
+    for kind in ("prompt", "accepted", "rejected", "discarded", "correction", "bonus"):
         assert f'class="sl-tok sl-{kind}"' in html
     assert html.count("data-step=") == 3
     assert "↵" in html  # a newline token stays visible
@@ -79,7 +79,9 @@ def test_explanations_say_what_happened():
     t = hand_made()
     first = explain_step(t.steps[0], 0)
     assert "kept “<script>alert(1)</script>”" in first and "rejected “ b”" in first
-    assert "wrote “ d” instead" in first and "1 draft token after it was discarded" in first
+    assert (
+        "wrote “ d” instead" in first and "1 draft token after it was discarded without being judged" in first
+    )
     assert "added “ g” for free" in explain_step(t.steps[1], 1)
     assert "ended the text" in explain_step(t.steps[2], 2)
 
@@ -158,3 +160,73 @@ def test_decoding_imports_no_ui_code():
         "print(sorted(m for m in ('gradio', 'plotly') if m in sys.modules))\n"
     )
     assert out.strip() == "[]"
+
+
+def chips(html: str, kind: str) -> list[str]:
+    """The title (hover text) of every chip of one kind, unescaped."""
+    import html as html_lib
+    import re
+
+    return [html_lib.unescape(t) for t in re.findall(rf'class="sl-tok sl-{kind}" title="([^"]*)"', html)]
+
+
+def test_discarded_tokens_are_greyed_unjudged_and_out_of_the_acceptance_chart():
+    trace = hand_made()
+    v = trace.steps[0].verdicts
+    assert [x.kind for x in v] == ["accepted", "rejected", "discarded"]
+    assert (v[2].p, v[2].accept_prob, v[2].u) == (None, None, None)  # it came in with numbers: dropped
+    html = timeline_html(trace)
+    (tip,) = chips(html, "discarded")
+    assert "never judged" in tip and "accept prob" not in tip and "p (target)" not in tip
+    assert "discarded draft (never judged)" in html  # the legend
+    df = trace.to_dataframe()
+    assert df[df["kind"] == "discarded"][["p", "accept_prob", "u", "output_index"]].isna().all().all()
+    fig = trace_figures(trace)[0]
+    assert "judged tokens only" in fig.layout.xaxis.title.text
+    # Position 3 was drafted once, in round 1, but never judged: the chart has no bar for it.
+    assert list(fig.data[0].x) == [1, 2] and [list(c) for c in fig.data[0].customdata] == [[3, 3], [1, 2]]
+
+
+def with_baseline(trace: Trace, ids: list[int], greedy: bool = True, dtype: str = "float32") -> Trace:
+    from decoding.trace import Baseline
+
+    trace.meta |= {"sampling": {"greedy": greedy}, "dtype": dtype}
+    trace.attach_baseline(Baseline("x", ids, 1.0, 6.0))
+    return trace
+
+
+@pytest.mark.parametrize(
+    ("greedy", "dtype", "same", "label", "value"),
+    [
+        (True, "float32", True, "identical to plain decoding", "✓"),
+        (True, "float32", False, "identical to plain decoding", "✗"),
+        (False, "float32", False, "same distribution as plain sampling", "≈"),
+        (False, "float32", True, "same distribution as plain sampling", "≈"),
+        (True, "bfloat16", False, "may differ at near-ties (bfloat16)", "≠ from token 3"),
+        (True, "bfloat16", True, "identical to plain decoding", "✓"),
+    ],
+)
+def test_comparison_card_says_what_the_run_promises(greedy, dtype, same, label, value):
+    trace = hand_made()
+    ids = list(trace.output.token_ids) if same else [1, 4, 99, 6, 7, 8]
+    cards = stats_html(with_baseline(trace, ids, greedy, dtype))
+    assert f'<div class="sl-card-value">{value}</div><div class="sl-card-label">{label}</div>' in cards
+    assert ("sl-bad" in cards) == (greedy and dtype == "float32" and not same)
+
+
+def test_round_sentences_in_markdown_escape_token_text():
+    from visualize.explain import explain_step_markdown
+
+    step = Step(
+        2,
+        [DraftToken(1, "<img src=x>", 0.9), DraftToken(2, "**bold** [a](b)", 0.8)],
+        [Verdict(0.9, 1.0, None, True), Verdict(0.1, 0.0, None, False)],
+        1,
+        Emitted(3, "$$x$$", "correction", 0.7),
+        1,
+        1,
+        2,
+    )
+    text = explain_step_markdown(step, 0)
+    assert "<img" not in text and "&lt;img src=x&gt;" in text
+    assert r"\*\*bold\*\* \[a\]\(b\)" in text and r"\$\$x\$\$" in text

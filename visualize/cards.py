@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from html import escape
 
-from decoding.trace import Trace
+from decoding.trace import Trace, agreement
 
 
-def _card(label: str, value: str, cls: str = "") -> str:
-    return f'<div class="sl-card {cls}"><div class="sl-card-value">{escape(value)}</div><div class="sl-card-label">{escape(label)}</div></div>'
+def _card(label: str, value: str, cls: str = "", tip: str = "") -> str:
+    return f'<div class="sl-card {cls}" title="{escape(tip, quote=True)}"><div class="sl-card-value">{escape(value)}</div><div class="sl-card-label">{escape(label)}</div></div>'
 
 
 def stats_html(trace: Trace) -> str:
@@ -20,10 +20,12 @@ def stats_html(trace: Trace) -> str:
     ]
     if "speedup" in t:
         cards.append(_card("speedup vs plain", f"×{t['speedup']:.2f}"))
-        same = t.get("identical_to_baseline")
-        cards.append(
-            _card("identical to plain decoding", "✓" if same else "✗", "sl-good" if same else "sl-bad")
-        )
+    same = agreement(trace)
+    if same is not None:
+        cls = {True: "sl-good", False: "sl-bad", None: ""}[same.good]
+        cards.append(_card(same.label, same.value, cls, tip=same.sentence))
     m = trace.meta
     caption = f"{m.get('target', '?')} · draft {m.get('draft', '?')} · {t.get('new_tokens', 0)} tokens in {t.get('steps', 0)} rounds · {m.get('device', '')} {m.get('dtype', '')}"
+    if m.get("stopped"):
+        caption += f" · {m['stopped']}"
     return f'<div class="sl-cards">{"".join(cards)}</div><div class="sl-caption">{escape(caption)}</div>'

@@ -13,6 +13,7 @@ from decoding.trace import Trace
 COLORS = {
     "accepted": "#2e9d5b",
     "rejected": "#d64545",
+    "discarded": "#b8b8b8",
     "correction": "#e08a1e",
     "bonus": "#3a6fd8",
     "draft": "#8e6bd1",
@@ -49,8 +50,14 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
         )
     )
     fig.update_yaxes(range=[0, 1])
+    # Only judged tokens count: a position is judged when every earlier draft
+    # token of its round was accepted; discarded tokens never were.
     return _layout(
-        fig, "Acceptance by draft position (when reached)", "draft position", "acceptance rate", whole_x=True
+        fig,
+        "Acceptance by draft position",
+        "draft position (judged tokens only; discarded ones are not counted)",
+        "acceptance rate",
+        whole_x=True,
     )
 
 

@@ -1,51 +1,81 @@
-"""One plain sentence per round, for a class to follow."""
+"""One plain sentence per round, for a class to follow.
+
+`explain_step` gives plain text (the timeline escapes it as HTML);
+`explain_step_markdown` gives the same sentence with every token's text
+escaped for Markdown, for the Markdown components: a token is model output,
+and `<img src=x>` or `**bold**` in it must show as written.
+"""
 
 from __future__ import annotations
 
+import html
+import re
+from collections.abc import Callable
+
 from decoding.trace import Step
 
+# Everything Markdown (and Gradio's $$ LaTeX) would read as syntax; HTML's <, > and & become entities.
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~$])")
 
-def _q(text: str) -> str:
+
+def md_escape(text: str) -> str:
+    """Text that Markdown shows as written, and in which no HTML tag survives."""
+    return html.escape(_MD_SPECIAL.sub(r"\\\1", text), quote=False)
+
+
+def _quote(text: str) -> str:
     return "“" + text.replace("\n", "↵") + "”"
-
-
-def _join(texts: list[str]) -> str:
-    return ", ".join(_q(t) for t in texts)
 
 
 def explain_step(step: Step, index: int, greedy: bool | None = None) -> str:
     """What the draft proposed, what the target kept, what it rejected and why, what it wrote."""
+    return _explain(step, index, greedy, _quote)
+
+
+def explain_step_markdown(step: Step, index: int, greedy: bool | None = None) -> str:
+    """`explain_step` with token text escaped for a Markdown component."""
+    return _explain(step, index, greedy, lambda t: md_escape(_quote(t)))
+
+
+def _explain(step: Step, index: int, greedy: bool | None, q: Callable[[str], str]) -> str:
     if greedy is None:
         greedy = all(v.u is None for v in step.verdicts)
     head = f"Round {index + 1}: "
     drafted = [t.text for t in step.draft]
     e = step.emitted
     if step.k == 0:
-        return head + f"the draft had nothing to propose, so the target wrote {_q(e.text)} itself."
-    proposed = f"the draft proposed {len(drafted)} token{'s' * (len(drafted) != 1)} ({_join(drafted)})"
+        return head + f"the draft had nothing to propose, so the target wrote {q(e.text)} itself."
+    proposed = (
+        f"the draft proposed {len(drafted)} token{'s' * (len(drafted) != 1)} ({', '.join(map(q, drafted))})"
+    )
     n = step.n_accepted
     if n == step.k:
         if e is None:
             return head + f"{proposed}; the target kept all of them, and the last one ended the text."
         return (
-            head + f"{proposed}; the target kept all of them and added {_q(e.text)} for free (a bonus token)."
+            head + f"{proposed}; the target kept all of them and added {q(e.text)} for free (a bonus token)."
         )
-    kept = f"kept {_join(drafted[:n])}" if n else "kept none of them"
+    kept = f"kept {', '.join(map(q, drafted[:n]))}" if n else "kept none of them"
     bad, v = step.draft[n], step.verdicts[n]
     if greedy:
         why = (
-            f"rejected {_q(bad.text)}, because its own top choice was {_q(e.text)} "
-            f"(p={e.p:.2f}), while it gave {_q(bad.text)} only p={v.p:.2f}"
+            f"rejected {q(bad.text)}, because its own top choice was {q(e.text)} "
+            f"(p={e.p:.2f}), while it gave {q(bad.text)} only p={v.p:.2f}"
         )
     else:
         why = (
-            f"rejected {_q(bad.text)}: the chance to keep it was min(1, p/q) = "
+            f"rejected {q(bad.text)}: the chance to keep it was min(1, p/q) = "
             f"min(1, {v.p:.2f}/{bad.q:.2f}) = {v.accept_prob:.2f}, and the draw u={v.u:.2f} was above it"
         )
-    wrote = f"so it wrote {_q(e.text)} instead"
+    wrote = (
+        f"so it wrote {q(e.text)} instead"
+        if greedy
+        else f"so it drew {q(e.text)} from what p has left over q"
+    )
     after = step.k - n - 1
     tail = (
-        f"; the {after} draft token{'s' * (after != 1)} after it {'were' if after != 1 else 'was'} discarded"
+        f"; the {after} draft token{'s' * (after != 1)} after it {'were' if after != 1 else 'was'} "
+        "discarded without being judged, since they followed a refused token"
         if after
         else ""
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from decoding.trace import DraftToken, Emitted, Output, Step, Trace, Verdict
+from decoding.trace import DraftToken, Emitted, Output, Step, Trace, Verdict, verdict_kind
 
 TEXT = [
     "Speculative",
@@ -74,16 +74,18 @@ def simulate_trace(alpha: float, gamma: int, rounds: int, seed: int = 0) -> Trac
 
     for _ in range(rounds):
         draft, verdicts, n = [], [], 0
-        rejected = False
         for j in range(gamma):
-            u = rng.random()
-            ok = not rejected and u < alpha
+            judged = n == j  # every earlier token of the round was accepted
+            u = rng.random() if judged else None
+            ok = judged and u < alpha
+            n += ok
             text = word(pos + j) if ok else " " + rng.choice(WRONG)
             draft.append(DraftToken(pos + j, text, 1.0))
-            verdicts.append(Verdict(alpha, alpha, u, ok))
-            if ok:
-                n += 1
-            rejected = rejected or not ok
+            # n has stopped growing at a rejection, so the kind follows from it.
+            kind = verdict_kind(j, n)
+            verdicts.append(
+                Verdict(alpha, alpha, u, ok, kind) if judged else Verdict(None, None, None, False, kind)
+            )
         kind = "bonus" if n == gamma else "correction"
         emitted = Emitted(pos + n, word(pos + n), kind, 1.0)
         ids += [t.id for t in draft[:n]] + [emitted.id]

@@ -1,16 +1,19 @@
 """Trace -> the colour-coded token timeline, as HTML.
 
-One row per round: accepted draft tokens, rejected ones struck through,
-then the target's own token (a correction or a bonus). Hovering a token
-shows p, q, the acceptance probability and u; hovering a round shows its
-plain-language explanation. All token text is escaped.
+One row per round: accepted draft tokens, the rejected one struck through,
+the discarded ones (never judged) greyed, then the target's own token (a
+correction or a bonus). Hovering a token shows p, q, the acceptance
+probability and u, and where the round turned the target's and the draft's
+top 5; hovering a round shows its plain-language explanation. The prompt is
+shown token by token as the target saw it; for a selected n-gram round the
+part the draft matched and copied is marked. All token text is escaped.
 """
 
 from __future__ import annotations
 
 from html import escape
 
-from decoding.trace import Step, Trace
+from decoding.trace import Step, TopToken, Trace
 
 from .explain import explain_step
 
@@ -18,6 +21,7 @@ KIND_LABELS = {
     "prompt": "prompt",
     "accepted": "accepted draft",
     "rejected": "rejected draft",
+    "discarded": "discarded draft (never judged)",
     "correction": "target's correction",
     "bonus": "target's bonus",
 }
@@ -38,21 +42,58 @@ def _token(kind: str, text: str, tip: str) -> str:
     return f'<span class="sl-tok sl-{kind}" title="{escape(tip, quote=True)}">{_shown(text)}</span>'
 
 
-def _round_html(step: Step, index: int, greedy: bool, selected: bool) -> str:
-    chips = []
-    for j, (tok, v) in enumerate(zip(step.draft, step.verdicts)):
-        kind = "accepted" if j < step.n_accepted else "rejected"
-        tip = (
-            f"{KIND_LABELS[kind]} · position {j + 1}\n"
-            f"p (target) = {_fmt(v.p)}\nq (draft) = {_fmt(tok.q)}\n"
-            f"accept prob = {_fmt(v.accept_prob)}\nu = {_fmt(v.u)}"
-        )
-        if j > step.n_accepted:
-            tip += "\n(discarded: an earlier token was rejected)"
-        chips.append(_token(kind, tok.text, tip))
+def _top_lines(title: str, top: list[TopToken] | None, symbol: str) -> str:
+    if not top:
+        return ""
+    items = ", ".join(f"“{t.text.replace(chr(10), '↵')}” {symbol}={t.prob:.3f}" for t in top)
+    return f"\n{title}: {items}"
+
+
+def _turn_lines(step: Step) -> str:
+    """The distributions where the round turned: the target's, the draft's, the residual's."""
+    lines = _top_lines("target's top 5 here", step.target_top, "p")
+    if step.n_accepted < step.k:
+        if step.draft_top:
+            lines += _top_lines("draft's top 5 here", step.draft_top, "q")
+        elif step.target_top is not None:
+            lines += "\ndraft: this one token with q = 1 (it has no distribution)"
+        lines += _top_lines("drawn from the residual max(0, p − q), top 5", step.residual_top, "r")
+    return lines
+
+
+def _match_line(step: Step, prompt_texts: list[str]) -> str:
+    m = step.match
+    if m is None:
+        return ""
+    n_prompt = len(prompt_texts)
+    key = "".join(prompt_texts[m.start - m.ngram : m.start]) if m.start <= n_prompt else ""
+    where = (
+        f"prompt tokens {m.start + 1}–{m.start + step.k}"
+        if m.start < n_prompt
+        else f"the text written so far (output token {m.start - n_prompt + 1} on)"
+    )
+    after = f" after “{key.replace(chr(10), '↵')}”" if key else f" after a matching {m.ngram}-token sequence"
+    return f"\ncopied from {where}{after}"
+
+
+def _draft_chip(step: Step, j: int, prompt_texts: list[str]) -> str:
+    tok, v = step.draft[j], step.verdicts[j]
+    tip = f"{KIND_LABELS[v.kind]} · position {j + 1}\nq (draft) = {_fmt(tok.q)}"
+    if v.kind == "discarded":
+        tip += "\nnever judged: it came after a rejected token, so the target's scores for it mean nothing"
+    else:
+        tip += f"\np (target) = {_fmt(v.p)}\naccept prob = {_fmt(v.accept_prob)}\nu = {_fmt(v.u)}"
+    if v.kind == "rejected":
+        tip += _turn_lines(step)
+    return _token(v.kind, tok.text, tip + _match_line(step, prompt_texts))
+
+
+def _round_html(step: Step, index: int, greedy: bool, selected: bool, prompt_texts: list[str]) -> str:
+    chips = [_draft_chip(step, j, prompt_texts) for j in range(step.k)]
     if step.emitted is not None:
         e = step.emitted
-        chips.append(_token(e.kind, e.text, f"{KIND_LABELS[e.kind]}\np (target) = {_fmt(e.p)}"))
+        tip = f"{KIND_LABELS[e.kind]}\np (target) = {_fmt(e.p)}" + _turn_lines(step)
+        chips.append(_token(e.kind, e.text, tip))
     cls = "sl-round sl-selected" if selected else "sl-round"
     timing = f"{step.step_ms:.0f} ms"
     return (
@@ -64,6 +105,25 @@ def _round_html(step: Step, index: int, greedy: bool, selected: bool) -> str:
     )
 
 
+def _prompt_html(trace: Trace, selected: Step | None) -> str:
+    meta = trace.meta
+    texts: list[str] = meta.get("prompt_token_texts") or []
+    tip = f"{meta.get('prompt_tokens', '?')} prompt tokens"
+    if not texts:  # a version-1 trace: the prompt as the user typed it
+        return _token("prompt", meta.get("prompt", ""), tip)
+    marks = [""] * len(texts)
+    m = selected.match if selected is not None else None
+    if m is not None:
+        for i in range(max(0, m.start - m.ngram), min(m.start, len(texts))):
+            marks[i] = "sl-match-key"
+        for i in range(m.start, min(m.start + selected.k, len(texts))):
+            marks[i] = "sl-match-copy"
+    spans = "".join(
+        f'<span class="{mark}">{escape(t)}</span>' if mark else escape(t) for t, mark in zip(texts, marks)
+    )
+    return f'<span class="sl-tok sl-prompt" title="{escape(tip, quote=True)}">{spans}</span>'
+
+
 def legend_html() -> str:
     items = "".join(f'<span class="sl-tok sl-{k}">{escape(label)}</span>' for k, label in KIND_LABELS.items())
     return f'<div class="sl-legend">{items}</div>'
@@ -73,14 +133,16 @@ def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = 
     """The timeline of rounds [0, upto) (all when None), with round `selected` highlighted."""
     steps = trace.steps if upto is None else trace.steps[:upto]
     greedy = bool(trace.meta.get("sampling", {}).get("greedy", True))
-    prompt = trace.meta.get("prompt", "")
+    prompt_texts = trace.meta.get("prompt_token_texts") or []
     parts = [legend_html(), '<div class="sl-rounds">']
-    if prompt:
-        tip = f"{trace.meta.get('prompt_tokens', '?')} prompt tokens"
+    if trace.meta.get("prompt"):
+        chosen = steps[selected] if selected is not None and 0 <= selected < len(steps) else None
         parts.append(
-            f'<div class="sl-prompt"><span class="sl-label">prompt</span>{_token("prompt", prompt, tip)}</div>'
+            f'<div class="sl-prompt"><span class="sl-label">prompt</span>{_prompt_html(trace, chosen)}</div>'
         )
-    parts += [_round_html(s, i, greedy, i == selected) for i, s in enumerate(steps)]
+    parts += [_round_html(s, i, greedy, i == selected, prompt_texts) for i, s in enumerate(steps)]
+    if trace.meta.get("stopped") and upto is None:
+        parts.append(f'<p class="sl-empty">{escape(trace.meta["stopped"].capitalize())}.</p>')
     parts.append("</div>")
     return f'<div class="sl-timeline">{"".join(parts)}</div>'
 
