@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--compile", action="store_true", help="torch.compile the models (warm-up takes minutes)")
     b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
 
+    pr = sub.add_parser("probe", help="time the target's step for 1-17 tokens against this machine's limits")
+    pr.add_argument("--target", default="smollm2-135m")
+    pr.add_argument("--device", default=None)
+    pr.add_argument("--dtype", default=None)
+    pr.add_argument("--compile", action="store_true", help="torch.compile the model first")
+
     p = sub.add_parser(
         "prepare", help="convert offline presets into the model cache, or download hub models (once)"
     )
@@ -76,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             return _prepare(args)
         if args.command == "bench":
             return _bench(args)
+        if args.command == "probe":
+            return _probe(args)
     except SpecLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -134,6 +142,18 @@ def _bench(args: argparse.Namespace) -> int:
     )
     run_bench(cfg)
     print((args.out / "summary.md").read_text())
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    import json
+
+    from .bench import machine
+    from .models import load_model
+    from .probe import probe
+
+    target = load_model(args.target, args.device, args.dtype, args.compile)
+    print(json.dumps({"machine": machine(), **probe(target)}, indent=1))
     return 0
 
 

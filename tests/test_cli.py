@@ -226,3 +226,22 @@ def test_prepare_prints_the_cache_folder(capsys, smol):
     path = capsys.readouterr().out.split(": ", 1)[1].strip()
     assert Path(path, "config.json").exists()
     assert os.path.commonpath([path, str(ROOT)]) != str(ROOT), "the cache must live outside the repository"
+
+
+@pytest.mark.slow
+def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
+    assert main(["probe", "--target", "smollm2-135m"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["weight_bytes"] > 500e6  # SmolLM2-135M in float32, output layer included
+    assert data["bandwidth_gbs"] > 0 and data["peak_gflops"] > 0 and data["machine"]
+    for n in ("1", "2", "3", "5", "9", "17"):
+        row = data[n]
+        assert set(row) == {"step_ms", "verify_ratio", "limit_ms"}
+        assert row["step_ms"] > 0 and row["limit_ms"] > 0
+        assert row["verify_ratio"] == pytest.approx(row["step_ms"] / data["1"]["step_ms"], rel=0.01)
+    # The limit is the larger of streaming the weights and doing the arithmetic.
+    assert (
+        data["17"]["limit_ms"]
+        >= data["1"]["limit_ms"]
+        >= data["weight_bytes"] / data["bandwidth_gbs"] / 1e6 * 0.99
+    )

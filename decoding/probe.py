@@ -1,0 +1,97 @@
+"""`python -m decoding probe`: the target's step on this machine against what the machine allows.
+
+For n tokens checked in one forward pass, a step can go no faster than the
+larger of two limits: streaming the weights once (weight bytes ÷ memory
+bandwidth) and doing the arithmetic (n × FLOPs per token ÷ the peak of a
+large matrix product). Both limits are measured here, on this machine, with
+the same process and threads the decoder uses.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from .forward import crop, forward, new_cache
+from .models import LoadedModel
+
+ROWS = (1, 2, 3, 5, 9, 17)
+CONTEXT = 100  # tokens already in the cache, as in a short chat turn
+
+
+def _best_ms(fn, reps: int) -> float:
+    fn()  # the first call allocates
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def memory_bandwidth_gbs(mb: int = 256, reps: int = 8) -> float:
+    """A matrix-vector product over `mb` MB of float32: it reads each byte once and does little else."""
+    n = int((mb * 2**20 / 4) ** 0.5)
+    a, x = np.ones((n, n), dtype=np.float32), np.ones(n, dtype=np.float32)
+    ms = _best_ms(lambda: a @ x, reps)
+    return a.nbytes / ms / 1e6
+
+
+def peak_gflops(n: int = 2048, reps: int = 4) -> float:
+    """The best of torch's and numpy's float32 n×n×n products: the arithmetic the cores can do."""
+    ta, na = torch.ones(n, n), np.ones((n, n), dtype=np.float32)
+    ms = min(_best_ms(lambda: ta @ ta, reps), _best_ms(lambda: na @ na, reps))
+    return 2 * n**3 / ms / 1e6
+
+
+def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes, parameters) of the weights a step multiplies by: every linear layer, output layer included."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    head = model.get_output_embeddings()
+    if head is not None:  # a packed or tied output layer is still read once per step
+        weights[id(head.weight)] = head.weight
+    params = sum(w.numel() for w in weights.values())
+    return sum(w.numel() * w.element_size() for w in weights.values()), params
+
+
+def step_ms(model: torch.nn.Module, n: int, reps: int = 7) -> float:
+    """Median time of one forward pass over n new tokens after CONTEXT cached ones."""
+    device = model.get_output_embeddings().weight.device
+    cache = new_cache(model)
+    forward(model, torch.arange(CONTEXT, device=device).view(1, -1) % 1000 + 10, cache, keep=1)
+    ids = torch.arange(n, device=device).view(1, -1) + 20
+    times = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        forward(model, ids, cache)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        crop(cache, CONTEXT)
+    return statistics.median(times[1:]) * 1e3
+
+
+def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
+    """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them."""
+    weight_bytes, params = matmul_weights(target.model)
+    bandwidth, peak = memory_bandwidth_gbs(), peak_gflops()
+    steps = {n: step_ms(target.model, n) for n in rows}
+    result: dict = {
+        "target": target.name,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device),
+        "weight_bytes": weight_bytes,
+        "bandwidth_gbs": round(bandwidth, 2),
+        "peak_gflops": round(peak, 1),
+    }
+    for n in rows:
+        limit = max(weight_bytes / bandwidth / 1e6, 2 * params * n / peak / 1e6)
+        result[str(n)] = {
+            "step_ms": round(steps[n], 2),
+            "verify_ratio": round(steps[n] / steps[rows[0]], 3),
+            "limit_ms": round(limit, 2),
+        }
+    return result
