@@ -270,13 +270,15 @@ def write_results(
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "compiled": cfg.compile,
+        "packed_output_layer": target.packed,
         "versions": library_versions(),
         "plain_ms_per_token": float(df["tps_plain"].rdiv(1000).mean()),
         "verify_cost_ratio": verify_ratios(verify),
     }
     (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
     settings = (
-        f"target `{cfg.target}` ({meta['dtype']}{', compiled' if cfg.compile else ''}), draft `{cfg.draft}`, "
+        f"target `{cfg.target}` ({meta['dtype']}{', compiled' if cfg.compile else ''}"
+        f"{', packed output layer' if target.packed else ''}), draft `{cfg.draft}`, "
         f"k={cfg.k} ({cfg.policy}), temperature {cfg.temperature}, {cfg.max_new_tokens} new tokens, "
         f"{meta['machine']}, {meta['date'][:10]}"
     )

@@ -30,10 +30,6 @@ class RunBudget:
         self._reason = reason
         self._stop.set()
 
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
-
     def __call__(self) -> str | None:
         """A reason to stop now, or None; the first call starts the clock."""
         if self._stop.is_set():

@@ -27,6 +27,7 @@ from .errors import (
     SpecLensError,
     TokenizerMismatchError,
 )
+from .packed import pack_output_layer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -148,6 +149,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     compiled: bool = False
+    packed: bool = False  # the output layer runs through oneDNN, packed once (decoding/packed.py)
 
     @property
     def vocab_size(self) -> int:
@@ -182,6 +184,8 @@ def load_model(
             if compile:
                 compile_forward(loaded.model)
                 loaded.compiled = True
+            else:  # the default CPU fast path; inductor packs for itself when compiling
+                loaded.packed = pack_output_layer(loaded.model)
             _loaded[key] = loaded
         return _loaded[key]
 
@@ -263,7 +267,9 @@ def layer_count(name: str) -> int | None:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(resolve_source(name))
+        with _load_lock:  # a first conversion must not race the one a load is doing
+            source = resolve_source(name)
+        config = AutoConfig.from_pretrained(source)
     except Exception:  # unknown, unreachable, broken: the run itself will say so
         return None
     return getattr(config.get_text_config(), "num_hidden_layers", None)

@@ -51,7 +51,7 @@ def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
     """(bytes, parameters) of the weights a step multiplies by: every linear layer, output layer included."""
     weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
     head = model.get_output_embeddings()
-    if head is not None:  # a packed or tied output layer is still read once per step
+    if head is not None:  # read once per step whatever module holds it (tied weights count once)
         weights[id(head.weight)] = head.weight
     params = sum(w.numel() for w in weights.values())
     return sum(w.numel() * w.element_size() for w in weights.values()), params
@@ -83,6 +83,7 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
         "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."),
         "device": str(target.device),
+        "packed_output_layer": target.packed,
         "weight_bytes": weight_bytes,
         "bandwidth_gbs": round(bandwidth, 2),
         "peak_gflops": round(peak, 1),

@@ -186,6 +186,7 @@ def _meta(
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "compiled": target.compiled,
+        "packed_output_layer": target.packed,
         "policy": policy,
         "sampling": {
             "temperature": s.temperature,

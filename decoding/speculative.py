@@ -161,19 +161,9 @@ def _record(
     p = v.p.tolist()[: n + 1]
     accept_prob = v.accept_prob.tolist()[: n + 1]
     u = v.u.tolist()[: n + 1] if v.u is not None else []
-    verdicts = []
-    for j in range(len(ids)):
-        kind = verdict_kind(j, n)
-        judged = kind != "discarded"
-        verdicts.append(
-            Verdict(
-                p[j] if judged else None,
-                accept_prob[j] if judged else None,
-                u[j] if judged and u else None,
-                kind == "accepted",
-                kind,
-            )
-        )
+    judged = range(min(n + 1, len(ids)))
+    verdicts = [Verdict(p[j], accept_prob[j], u[j] if u else None, j < n, verdict_kind(j, n)) for j in judged]
+    verdicts += [Verdict(None, None, None, False, "discarded") for _ in range(n + 1, len(ids))]
     return Step(
         k=len(ids),
         draft=[DraftToken(t, token_text(t), qi) for t, qi in zip(ids, proposal.q.tolist())],
@@ -187,24 +177,23 @@ def _record(
         draft_ms=0.0,
         verify_ms=0.0,
         step_ms=0.0,
-        target_top=_top(v.dist, token_text),
-        draft_top=_draft_top(proposal, n, token_text),
-        residual_top=None if v.residual is None else _top(v.residual, token_text),
+        target_top=_top_of(v.dist, token_text),
+        # The draft's favourites at the refused position; a bonus position has none.
+        draft_top=None
+        if n >= len(ids) or proposal.top is None
+        else _top(proposal.top[0][n], proposal.top[1][n], token_text),
+        residual_top=None if v.residual is None else _top_of(v.residual, token_text),
         match=proposal.match,
     )
 
 
-def _top(dist: torch.Tensor, token_text: Callable[[int], str]) -> list[TopToken]:
-    probs, ids = torch.topk(dist.float(), min(TOP_N, dist.shape[-1]))
-    return [TopToken(i, token_text(i), pr) for i, pr in zip(ids.tolist(), probs.tolist())]
+def _top(probs: torch.Tensor, ids: torch.Tensor, token_text: Callable[[int], str]) -> list[TopToken]:
+    return [TopToken(i, token_text(i), p) for i, p in zip(ids.tolist(), probs.tolist())]
 
 
-def _draft_top(proposal: Proposal, n: int, token_text: Callable[[int], str]) -> list[TopToken] | None:
-    # The draft's favourites at the refused position; a bonus position has none.
-    if n >= len(proposal) or proposal.top is None:
-        return None
-    probs, ids = proposal.top[0][n], proposal.top[1][n]
-    return [TopToken(i, token_text(i), pr) for i, pr in zip(ids.tolist(), probs.tolist())]
+def _top_of(dist: torch.Tensor, token_text: Callable[[int], str]) -> list[TopToken]:
+    """The TOP_N most likely tokens of a distribution."""
+    return _top(*torch.topk(dist.float(), min(TOP_N, dist.shape[-1])), token_text)
 
 
 def autoregressive_generate(
