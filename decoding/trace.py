@@ -14,7 +14,6 @@ from typing import Any
 from .errors import TraceError
 
 TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bonus")
-VERDICT_KINDS = ("accepted", "rejected", "discarded")
 # 1: verdicts without `kind`, discarded tokens carried numbers. 2: kinds, top-5 lists, n-gram matches.
 TRACE_VERSION = 2
 

@@ -49,10 +49,9 @@ def test_invariants_hold(tiny_target):
             assert s.step_ms >= s.draft_ms + s.verify_ms - 1e-6
             # Positions after the first rejection were conditioned on a wrong
             # prefix: they were never judged, and carry no numbers.
-            kinds = [v.kind for v in s.verdicts]
-            assert kinds == ["accepted"] * s.n_accepted + ["rejected", "discarded"][: s.k - s.n_accepted] + [
-                "discarded"
-            ] * max(0, s.k - s.n_accepted - 2)
+            n, k = s.n_accepted, s.k
+            refused = ["rejected"] + ["discarded"] * (k - n - 1) if n < k else []
+            assert [v.kind for v in s.verdicts] == ["accepted"] * n + refused
             for v in s.verdicts[s.n_accepted + 1 :]:
                 assert (v.p, v.accept_prob, v.u, v.accepted) == (None, None, None, False)
             for v in s.verdicts[: s.n_accepted + 1]:
