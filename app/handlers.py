@@ -19,7 +19,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from decoding import costmodel
+from decoding import costmodel, engines
 from decoding.budget import RunBudget
 from decoding.errors import SpecLensError
 from decoding.models import layer_count
@@ -28,7 +28,14 @@ from decoding.sweep import sweep
 from decoding.trace import Trace, agreement, validate
 from decoding.verify import Sampling
 from visualize.cards import stats_html
-from visualize.charts import acceptance_vs_k, speedup_curve, theory_figure, trace_figures
+from visualize.charts import (
+    acceptance_vs_k,
+    best_k_figure,
+    per_position_figure,
+    speedup_curve,
+    theory_figure,
+    trace_figures,
+)
 from visualize.explain import explain_step_markdown
 from visualize.simulate import simulate_trace
 from visualize.timeline import empty_timeline_html, timeline_html
@@ -403,3 +410,70 @@ def replay_step(trace_dict: dict | None, round_no: float):
     if not trace_dict:
         return empty_timeline_html("Load a trace first."), ""
     return replay_views(Trace.from_dict(trace_dict), int(round_no))
+
+
+def read_deployment(url: str | None, first: str | None, second: str | None) -> dict:
+    """A deployment's figures from a metrics URL, a saved page, or two pages (the interval between)."""
+    sources = [x for x in ((url or "").strip(), first, second) if x]
+    if not sources:
+        raise SpecLensError("give a metrics URL (http://host:port/metrics) or upload a saved metrics page")
+    if len(sources) > 2:
+        raise SpecLensError("give a URL or pages, at most two in all (two: the interval between them)")
+    snapshots = [engines.read(s) for s in sources]
+    return engines.interval(*snapshots) if len(snapshots) == 2 else engines.summary(snapshots[0])
+
+
+def acceptance_profile(figures: dict, positions: int = 8) -> list[float]:
+    """Per-position acceptance; SGLang reports only an average rate, taken as i.i.d. per position."""
+    if figures["per_position"]:
+        return figures["per_position"]
+    rate = figures["acceptance_rate"] or 0.0
+    return [rate ** (i + 1) for i in range(positions)]
+
+
+def run_production(url, first, second, draft_cost: float, verify_growth: float, trace_dict: dict | None):
+    """A deployment's acceptance beside this session's SpecLens run, and the best k for it."""
+    with user_errors():
+        figures = read_deployment(url, first, second)
+        series = {f"{figures['engine']} deployment": figures["per_position"]}
+        page = None
+        if trace_dict:
+            ours = engines.snapshot_of([Trace.from_dict(trace_dict)])
+            series["this SpecLens run"] = engines.summary(ours)["per_position"]
+            page = Path(tempfile.mkdtemp(prefix="speclens-metrics-")) / "speclens-metrics.prom"
+            page.write_text(engines.metrics_page(ours))
+        best, speedups = costmodel.best_k_profile(
+            acceptance_profile(figures), float(draft_cost), float(verify_growth)
+        )
+        return (
+            per_position_figure(series),
+            best_k_figure(speedups, best),
+            production_text(figures, best, speedups[best - 1]),
+            str(page) if page else None,
+        )
+
+
+def production_text(figures: dict, best: int, speedup: float) -> str:
+    def pct(x):
+        return "–" if x is None else f"{x:.1%}"
+
+    length = figures["mean_acceptance_length"]
+    lines = [
+        f"**{figures['engine']}**: mean acceptance length **{'–' if length is None else f'{length:.2f}'}** "
+        f"(bonus token included), acceptance rate **{pct(figures['acceptance_rate'])}**"
+        + (f", {figures['num_drafts']:,} drafts" if figures["num_drafts"] is not None else "")
+        + ".",
+    ]
+    if "accepted_tokens_per_s" in figures:
+        lines.append(
+            f"Over the interval: {figures['accepted_tokens_per_s']:.1f} accepted and "
+            f"{figures['drafted_tokens_per_s']:.1f} drafted tokens per second."
+        )
+    if not figures["per_position"]:
+        lines.append(
+            "This engine reports no per-position acceptance: the profile assumes the same rate at each."
+        )
+    lines.append(
+        f"With these costs, **num_speculative_tokens = {best}** is best: ×{speedup:.2f} expected over plain decoding."
+    )
+    return "\n\n".join(lines)

@@ -188,6 +188,34 @@ def build_demo() -> gr.Blocks:
                 replay_figs = _figures(4)
                 replay_state = gr.State()
 
+            with gr.Tab("Production"):
+                gr.Markdown(
+                    "Read a **vLLM** or **SGLang** deployment's speculative-decoding metrics: its "
+                    "`/metrics` URL, or a saved page (two saved pages: the interval between them). "
+                    "Mean acceptance length = 1 + accepted / drafts; per-position acceptance = accepted "
+                    "at that position / drafts (vLLM's definitions). The current Explore run is shown "
+                    "beside it, counted the same way."
+                )
+                with gr.Row():
+                    metrics_url = gr.Textbox(
+                        label="Metrics URL", placeholder="http://host:8000/metrics", elem_id="metrics-url"
+                    )
+                    page_a = gr.File(label="Saved page", type="filepath", elem_id="page-a")
+                    page_b = gr.File(label="Later page (optional)", type="filepath", elem_id="page-b")
+                with gr.Row():
+                    prod_c = gr.Slider(
+                        0.0, 1.0, value=0.05, step=0.01, label="c: draft cost per token (target steps)"
+                    )
+                    prod_b = gr.Slider(
+                        0.0, 1.0, value=0.0, step=0.01, label="b: verify cost per extra token (target steps)"
+                    )
+                    prod_btn = gr.Button("Read", variant="primary", elem_id="read-metrics")
+                prod_text = gr.Markdown(elem_id="prod-text")
+                with gr.Row():
+                    prod_pos = gr.Plot(show_label=False, elem_id="prod-positions")
+                    prod_k = gr.Plot(show_label=False, elem_id="prod-best-k")
+                prod_page = gr.File(label="This SpecLens run as a metrics page", elem_id="prod-page")
+
         decode_inputs = [prompt, target, source, n_layers, draft_model, k, policy, confidence]
         decode_inputs += [temperature, top_k, top_p, seed, max_new, compare]
         _while_running(
@@ -241,6 +269,14 @@ def build_demo() -> gr.Blocks:
             [replay_state, replay_round],
             [replay_timeline, replay_sentence],
             api_name="replay_step",
+        )
+        prod_inputs = [metrics_url, page_a, page_b, prod_c, prod_b, trace_state]
+        gr.on(
+            [prod_btn.click, prod_c.release, prod_b.release],
+            h.run_production,
+            prod_inputs,
+            [prod_pos, prod_k, prod_text, prod_page],
+            api_name="production",
         )
         prev_btn.click(lambda r: max(1, r - 1), replay_round, replay_round, api_visibility="private")
         next_btn.click(lambda r: r + 1, replay_round, replay_round, api_visibility="private")

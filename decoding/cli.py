@@ -53,6 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default=None)
     b.add_argument("--compile", action="store_true", help="torch.compile the models (warm-up takes minutes)")
     b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
+    b.add_argument(
+        "--server",
+        help="bench a running vLLM or SGLang instead (http://host:port: its /v1/completions and /metrics)",
+    )
+
+    m = sub.add_parser(
+        "metrics", help="speculative-decoding figures from a vLLM, SGLang or SpecLens metrics page"
+    )
+    m.add_argument(
+        "pages", nargs="+", metavar="URL_OR_FILE", help="one page, or two for the interval between"
+    )
+    m.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    m.add_argument(
+        "--interval", type=float, help="read one URL twice, this many seconds apart, and report between"
+    )
 
     pr = sub.add_parser("probe", help="time the target's step for 1-17 tokens against this machine's limits")
     pr.add_argument("--target", default="smollm2-135m")
@@ -84,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             return _bench(args)
         if args.command == "probe":
             return _probe(args)
+        if args.command == "metrics":
+            return _metrics(args)
     except SpecLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -121,10 +138,19 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import BenchConfig, run_bench
+    from .bench import BenchConfig, read_prompts, run_bench
 
     if args.limit < 1:
         raise SpecLensError(f"--limit must be at least 1, got {args.limit}")
+    if args.server:
+        from .serverbench import run_server_bench
+
+        command = f"python -m decoding bench --server {args.server} --prompts {args.prompts} "
+        command += f"--max-new-tokens {args.max_new_tokens} --limit {args.limit} --out {args.out}"
+        prompts = read_prompts(args.prompts, args.limit)
+        run_server_bench(args.server, prompts, args.max_new_tokens, args.out, command)
+        print((args.out / "summary.md").read_text())
+        return 0
     cfg = BenchConfig(
         prompts=args.prompts,
         target=args.target,
@@ -154,6 +180,25 @@ def _probe(args: argparse.Namespace) -> int:
 
     target = load_model(args.target, args.device, args.dtype, args.compile)
     print(json.dumps({"machine": machine(), **probe(target)}, indent=1))
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from . import engines
+
+    if len(args.pages) > 2 or (args.interval and len(args.pages) != 1):
+        raise SpecLensError(
+            "metrics takes one page, or two for the interval between them (or one and --interval)"
+        )
+    first = engines.read(args.pages[0])
+    if args.interval:
+        time.sleep(args.interval)
+    later = args.pages[-1] if len(args.pages) == 2 or args.interval else None
+    figures = engines.interval(first, engines.read(later)) if later else engines.summary(first)
+    print(json.dumps(figures) if args.json else engines.table(figures))
     return 0
 
 

@@ -81,3 +81,37 @@ def acceptance_by_position(trace: Trace) -> list[tuple[int, int, int]]:
             reached[j] += 1
             accepted[j] += j < s.n_accepted
     return [(j, reached[j], accepted[j]) for j in sorted(reached)]
+
+
+# -- a measured acceptance profile (a deployment's per-position acceptance) -------
+
+
+def expected_tokens_profile(per_position: Sequence[float], k: int) -> float:
+    """Expected tokens per round at draft length k from per-position acceptance.
+
+    per_position[i] is P(the draft token at position i is accepted), as vLLM
+    reports it (accepted at i / drafts). Past the measured positions each
+    further one keeps the last measured position-to-position ratio.
+    """
+    probs = [min(max(p, 0.0), 1.0) for p in per_position]
+    if not probs:
+        return 1.0
+    ratio = probs[-1] / probs[-2] if len(probs) >= 2 and probs[-2] > 0 else probs[-1]
+    while len(probs) < k:
+        probs.append(probs[-1] * min(ratio, 1.0))
+    return 1.0 + sum(probs[:k])
+
+
+def best_k_profile(
+    per_position: Sequence[float], draft_cost: float, verify_growth: float, k_max: int = 16
+) -> tuple[int, list[float]]:
+    """The k with the best expected speedup, and the speedup for k = 1..k_max.
+
+    A round costs k · c target steps of drafting plus 1 + b · k of verifying
+    (b = 0: checking k+1 tokens costs one step, as on a large GPU).
+    """
+    speedups = [
+        expected_tokens_profile(per_position, k) / (1 + draft_cost * k + verify_growth * k)
+        for k in range(1, k_max + 1)
+    ]
+    return 1 + max(range(k_max), key=speedups.__getitem__), speedups

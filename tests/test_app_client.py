@@ -215,3 +215,29 @@ def test_a_corrupt_upload_is_refused_naming_its_first_problem(client, tmp_path, 
     bad.write_text(json.dumps(data))
     with pytest.raises(Exception, match=message):
         client.predict(handle_file(str(bad)), None, api_name="/replay")
+
+
+def test_production_tab_reads_a_deployment_beside_this_run(client):
+    from test_engines import FakeVLLM, reply, serve
+
+    fake = FakeVLLM()
+    fake.observe(40, 2)
+    fake.observe(10, 3)
+    server, url = serve(lambda h: reply(h, fake.page()))
+    try:
+        client.predict(**generate_args(max_new=12, compare=False), api_name="/generate")
+        positions, best_k, text, page = client.predict(
+            f"{url}/metrics", None, None, 0.05, 0.0, api_name="/production"
+        )
+    finally:
+        server.shutdown()
+    data = figure_json(positions)["data"]
+    assert [d["name"] for d in data] == ["vllm deployment", "this SpecLens run"]
+    assert data[0]["y"] == pytest.approx([1.0, 1.0, 0.2])
+    assert "mean acceptance length **3.20**" in text and "num_speculative_tokens" in text
+    assert any(d.get("name") == "best" for d in figure_json(best_k)["data"])
+    assert "speclens:spec_decode_num_drafts_total" in Path(page).read_text()
+    with pytest.raises(Exception, match="cannot read metrics"):
+        client.predict("http://127.0.0.1:9/metrics", None, None, 0.05, 0.0, api_name="/production")
+    with pytest.raises(Exception, match="give a metrics URL"):
+        client.predict("", None, None, 0.05, 0.0, api_name="/production")

@@ -195,3 +195,23 @@ def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
     text = sentence.inner_text()
     assert all(h in text for h in [*hostile, "<b>x</b>"]), text
     assert page.locator("#replay-timeline img, #replay-timeline i").count() == 0
+
+
+def test_production_tab_charts_a_vllm_page(page):
+    from test_engines import FakeVLLM, reply, serve
+
+    fake = FakeVLLM()
+    fake.observe(30, 2)
+    server, url = serve(lambda h: reply(h, fake.page()))
+    try:
+        page.get_by_role("tab", name="Production").click()
+        page.fill("#metrics-url textarea, #metrics-url input", f"{url}/metrics")
+        page.click("#read-metrics")
+        page.wait_for_function(
+            "document.querySelector('#prod-text').innerText.includes('mean acceptance length 3.00')",
+            timeout=60_000,
+        )
+        page.wait_for_selector("#prod-positions .js-plotly-plot .main-svg", timeout=30_000)
+        page.screenshot(path=ARTIFACTS / "production.png", full_page=True)
+    finally:
+        server.shutdown()

@@ -190,3 +190,42 @@ def theory_figure(alpha: float, c: float, verify_growth: float, gamma_max: int =
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
     fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"})
     return _layout(fig, f"Expected speedup, α={alpha:.2f}, c={c:.2f}", "γ (draft length)", "speedup (×)")
+
+
+def per_position_figure(series: dict[str, list[float]]) -> go.Figure:
+    """Per-position acceptance (accepted at position i / drafts, vLLM's definition), one bar group per source."""
+    fig = go.Figure()
+    for (name, values), color in zip(series.items(), [COLORS["verify"], COLORS["accepted"], COLORS["draft"]]):
+        fig.add_bar(
+            x=list(range(1, len(values) + 1)),
+            y=values,
+            name=name,
+            marker_color=color,
+            hovertemplate="position %{x}: %{y:.3f}<extra>" + name.replace("<", "&lt;") + "</extra>",
+        )
+    fig.update_yaxes(range=[0, 1])
+    fig.update_layout(barmode="group")
+    return _layout(fig, "Per-position acceptance", "draft position", "accepted / drafts", whole_x=True)
+
+
+def best_k_figure(speedups: list[float], best: int) -> go.Figure:
+    """Expected speedup against k for a measured acceptance profile, the best k starred."""
+    ks = list(range(1, len(speedups) + 1))
+    fig = go.Figure(go.Scatter(x=ks, y=speedups, mode="lines+markers", name="expected speedup"))
+    fig.add_scatter(
+        x=[best],
+        y=[speedups[best - 1]],
+        mode="markers+text",
+        text=[f"best k={best}"],
+        textposition="top center",
+        marker={"size": 14, "symbol": "star", "color": COLORS["correction"]},
+        name="best",
+    )
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    return _layout(
+        fig,
+        "Expected speedup for this acceptance profile",
+        "k (num_speculative_tokens)",
+        "speedup (×)",
+        whole_x=True,
+    )
