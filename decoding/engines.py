@@ -59,15 +59,20 @@ def fetch(source: str, timeout: float = TIMEOUT_S) -> str:
             reason = getattr(exc, "reason", exc)
             raise SpecLensError(f"cannot read metrics from {source}: {reason}") from None
     else:
-        path = Path(source).expanduser()
-        if not path.is_file():
-            raise SpecLensError(f"no metrics page at '{source}': give http://host:port/metrics or a file")
-        if path.stat().st_size > MAX_PAGE_BYTES:
-            raise SpecLensError(f"'{source}' is over {MAX_PAGE_BYTES // 10**6} MB: not a metrics page")
-        body = path.read_bytes()
+        body = fetch_path(source).read_bytes()
     if len(body) > MAX_PAGE_BYTES:
         raise SpecLensError(f"the page at {source} is over {MAX_PAGE_BYTES // 10**6} MB: not a metrics page")
     return body.decode("utf-8", errors="replace")
+
+
+def fetch_path(source: str) -> Path:
+    """A saved page or trace, checked to exist and to be of a sane size."""
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise SpecLensError(f"no metrics page at '{source}': give http://host:port/metrics or a file")
+    if path.stat().st_size > MAX_PAGE_BYTES:
+        raise SpecLensError(f"'{source}' is over {MAX_PAGE_BYTES // 10**6} MB: not a metrics page")
+    return path
 
 
 def parse(text: str) -> Snapshot:
@@ -122,7 +127,16 @@ def _sglang(samples: list) -> Snapshot | None:
 
 
 def read(source: str) -> Snapshot:
-    """A page parsed, timed when it was read (a URL) or last written (a saved file)."""
+    """A page parsed, timed when it was read (a URL) or last written (a saved file).
+
+    A SpecLens trace (`.json`) reads as the page its run would export.
+    """
+    if source.endswith(".json") and not source.startswith(("http://", "https://")):
+        from .trace import Trace
+
+        snapshot = snapshot_of([Trace.load(fetch_path(source))])
+        snapshot.taken_at = Path(source).expanduser().stat().st_mtime
+        return snapshot
     snapshot = parse(fetch(source))
     if not source.startswith(("http://", "https://")):
         snapshot.taken_at = Path(source).expanduser().stat().st_mtime

@@ -149,7 +149,7 @@ def test_engines_are_summed_and_the_interval_has_rates(tmp_path):
     ] == pytest.approx(9.0)
 
 
-def test_an_sglang_page(tmp_path):
+def test_an_sglang_page():
     registry = CollectorRegistry()
     Gauge("sglang:spec_accept_length", "Average acceptance length", ["model_name"], registry=registry).labels(
         "m"
@@ -158,10 +158,12 @@ def test_an_sglang_page(tmp_path):
         "m"
     ).set(0.55)
     Gauge("sglang:num_running_reqs", "Running requests", ["model_name"], registry=registry).labels("m").set(3)
-    page = tmp_path / "sglang.prom"
-    page.write_bytes(generate_latest(registry))
-    figures = engines.summary(engines.read(str(page)))
-    assert figures["engine"] == "sglang"
+    server, url = serve(lambda h: reply(h, generate_latest(registry)))
+    try:
+        figures = engines.summary(engines.read(f"{url}/metrics"))
+    finally:
+        server.shutdown()
+    assert figures["engine"] == "sglang" and figures["per_position"] == []
     assert figures["mean_acceptance_length"] == pytest.approx(2.65)
     assert figures["acceptance_rate"] == pytest.approx(0.55)
 
@@ -190,6 +192,9 @@ def test_speclenss_own_export_reads_back_with_the_same_figures(tiny_target, tmp_
     assert back["mean_acceptance_length"] == pytest.approx(sum(s.new_tokens for s in drafted) / len(drafted))
     reached = costmodel.acceptance_by_position(trace)
     assert back["per_position"][0] == pytest.approx(reached[0][2] / len(drafted))
+    trace_file = tmp_path / "trace.json"
+    trace.save(trace_file)  # a saved trace reads as the page its run would export
+    assert engines.summary(engines.read(str(trace_file))) == back
 
 
 def test_unreachable_url_answers_at_once():
