@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ import gradio as gr
 from decoding import costmodel, engines
 from decoding.budget import RunBudget
 from decoding.errors import SpecLensError
-from decoding.models import layer_count
+from decoding.models import check_allowed, layer_count
 from decoding.runner import RunConfig, compare_with_plain, generate
 from decoding.sweep import sweep
 from decoding.trace import Trace, agreement, validate
@@ -44,6 +45,8 @@ log = logging.getLogger("speclens")
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 MAX_PROMPT_CHARS = 50_000  # beyond this no model here has the context anyway
+DOWNLOADS = Path(tempfile.gettempdir()) / "speclens-downloads"
+DOWNLOAD_MAX_AGE_S = 3600
 MAX_TRACE_BYTES = 20_000_000  # a 2,048-token run with every list filled is well under 5 MB
 # Decoding time a request may take, counted from its first round (loading excluded),
 # for everything it runs: the speculative run, the comparison, every k of a sweep.
@@ -122,6 +125,10 @@ def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
 
 def layer_range(target: str, n_layers: float):
     """Bind the N slider to the target's own layer count (N must leave at least one layer out)."""
+    try:
+        check_allowed(target)
+    except SpecLensError:  # the run will say why; the slider stays as it is
+        return gr.update()
     total = layer_count(target)
     if not total or total < 2:
         return gr.update()
@@ -151,6 +158,8 @@ def make_config(
 ) -> RunConfig:
     if len(prompt or "") > MAX_PROMPT_CHARS:
         raise SpecLensError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; shorten it")
+    check_allowed(target)
+    check_allowed(draft_model)
     return RunConfig(
         target=(target or "").strip(),
         draft=draft_spec(source, n_layers, draft_model),
@@ -163,8 +172,20 @@ def make_config(
     )
 
 
+def download_folder() -> Path:
+    """A fresh folder for one request's downloads; those older than DOWNLOAD_MAX_AGE_S go first,
+    so a server that runs for days does not pile them up (Gradio cleans its own copies)."""
+    DOWNLOADS.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for old in DOWNLOADS.iterdir():
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > DOWNLOAD_MAX_AGE_S:
+                shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=DOWNLOADS))
+
+
 def save_downloads(trace: Trace) -> tuple[str, str]:
-    folder = Path(tempfile.mkdtemp(prefix="speclens-"))
+    folder = download_folder()
     json_path, csv_path = folder / "speclens-trace.json", folder / "speclens-tokens.csv"
     trace.save(json_path)
     trace.to_dataframe().to_csv(csv_path, index=False)
@@ -238,6 +259,8 @@ def run_explore(
         try:
             while trace is None:
                 kind, item = steps.get()
+                if kind == "error" and not isinstance(item, Exception):  # SystemExit and its kind
+                    raise SpecLensError(f"the decoder stopped ({type(item).__name__}); run it again")
                 if kind == "error":
                     raise item
                 if kind == "done":
@@ -328,8 +351,7 @@ def run_sweep(
         if len(traces) < hi - lo + 1:
             done = int(table["k"].max())
             summary += f" **{budget() or 'Stopped'}** after k = {lo}…{done}: only those are shown."
-        folder = Path(tempfile.mkdtemp(prefix="speclens-sweep-"))
-        csv_path = folder / "speclens-sweep.csv"
+        csv_path = download_folder() / "speclens-sweep.csv"
         table.to_csv(csv_path, index=False)
         return speedup_curve(table), acceptance_vs_k(table), table.round(3), str(csv_path), summary
 
@@ -440,7 +462,7 @@ def run_production(url, first, second, draft_cost: float, verify_growth: float, 
         if trace_dict:
             ours = engines.snapshot_of([Trace.from_dict(trace_dict)])
             series["this SpecLens run"] = engines.summary(ours)["per_position"]
-            page = Path(tempfile.mkdtemp(prefix="speclens-metrics-")) / "speclens-metrics.prom"
+            page = download_folder() / "speclens-metrics.prom"
             page.write_text(engines.metrics_page(ours))
         best, speedups = costmodel.best_k_profile(
             acceptance_profile(figures), float(draft_cost), float(verify_growth)

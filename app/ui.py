@@ -50,7 +50,8 @@ def _figures(n: int) -> list[gr.Plot]:
 
 def build_demo() -> gr.Blocks:
     presets = list(PRESETS)
-    with gr.Blocks(title="SpecLens — speculative decoding, visible") as demo:
+    # Gradio's own copies of downloads: every 10 minutes, those older than an hour go.
+    with gr.Blocks(title="SpecLens — speculative decoding, visible", delete_cache=(600, 3600)) as demo:
         gr.Markdown(
             "# SpecLens\nA small **draft** guesses the next tokens; the **target** checks them all in one pass "
             "and keeps the ones it would have written itself. Watch every guess and every verdict."

@@ -7,6 +7,7 @@ cache (outside the repository) and loaded from there afterwards.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.util
 import os
@@ -14,6 +15,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +151,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     compiled: bool = False
+    nbytes: int = 0  # weights in memory, what the model budget counts
     packed: bool = False  # the output layer runs through oneDNN, packed once (decoding/packed.py)
 
     @property
@@ -157,8 +160,33 @@ class LoadedModel:
         return self.model.get_output_embeddings().weight.shape[0]
 
 
-_loaded: dict[tuple[str, str, str, bool], LoadedModel] = {}
+# Loaded models, least recently used first; together they stay within model_budget_bytes().
+_loaded: OrderedDict[tuple[str, str, str, bool], LoadedModel] = OrderedDict()
 _load_lock = threading.Lock()
+
+
+def model_budget_bytes() -> int:
+    """How much memory the loaded models may hold together: $SPECLENS_MODEL_BUDGET_GB, else
+    half of this machine's memory (or of the GPU's), so a long-lived Space switching models
+    keeps room for the runs themselves."""
+    if os.environ.get("SPECLENS_MODEL_BUDGET_GB"):
+        return int(float(os.environ["SPECLENS_MODEL_BUDGET_GB"]) * 2**30)
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory // 2
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _evict_for(need: int) -> None:
+    """Drop the least recently used models until `need` more bytes fit the budget."""
+    budget = model_budget_bytes()
+    while _loaded and sum(m.nbytes for m in _loaded.values()) + need > budget:
+        _loaded.popitem(last=False)
+    gc.collect()
 
 
 def load_model(
@@ -177,15 +205,21 @@ def load_model(
     dt = pick_dtype(dev, dtype)
     key = (name, str(dev), str(dt), compile)
     with _load_lock:
-        if key not in _loaded:
+        if key in _loaded:
+            _loaded.move_to_end(key)
+        else:
             source = resolve_source(name)
-            _check_fits(source, dt, dev)
+            need = _needed_bytes(source, dt)
+            _evict_for(need)
+            _check_fits(source, need, dt, dev)
             loaded = _load(name, source, dev, dt)
             if compile:
                 compile_forward(loaded.model)
                 loaded.compiled = True
             else:  # the default CPU fast path; inductor packs for itself when compiling
                 loaded.packed = pack_output_layer(loaded.model)
+                if loaded.packed:  # oneDNN's copy of the output layer
+                    loaded.nbytes += model_bytes(loaded.model.get_output_embeddings())
             _loaded[key] = loaded
         return _loaded[key]
 
@@ -230,6 +264,33 @@ def resolve_source(name: str) -> str:
 
 def _is_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+
+
+def allowed_model_dirs() -> list[Path]:
+    """Where the app may load local models from: $SPECLENS_MODEL_DIRS (separated by the path
+    separator), else SpecLens's cache and the Hugging Face cache."""
+    if os.environ.get("SPECLENS_MODEL_DIRS"):
+        return [
+            Path(p).expanduser().resolve() for p in os.environ["SPECLENS_MODEL_DIRS"].split(os.pathsep) if p
+        ]
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    return [cache_dir().resolve(), Path(HF_HUB_CACHE).resolve()]
+
+
+def check_allowed(name: str) -> None:
+    """A served app loads local models only from allowed folders: a public page must not open
+    whatever folder of the server a visitor names. Presets and hub ids pass."""
+    name = (name or "").strip()
+    if not name or name in PRESETS or not _is_local(name):
+        return
+    path = Path(name).expanduser().resolve()
+    roots = allowed_model_dirs()
+    if not any(path.is_relative_to(root) for root in roots):
+        raise ModelNotFoundError(
+            f"'{name}' is outside the folders this app loads models from; use a preset or a hub id "
+            "(the server's SPECLENS_MODEL_DIRS lists the allowed folders)"
+        )
 
 
 def public_name(name: str) -> str:
@@ -351,14 +412,17 @@ def estimate_bytes(config, dtype: torch.dtype) -> int:
     return sum(params.values()) * torch.finfo(dtype).bits // 8
 
 
-def _check_fits(source: str, dtype: torch.dtype, device: torch.device) -> None:
+def _needed_bytes(source: str, dtype: torch.dtype) -> int:
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(source)
     except Exception as exc:  # a hub error, a broken config.json
         raise ModelNotFoundError(f"cannot read the configuration of '{source}': {_first_line(exc)}") from exc
-    need = estimate_bytes(config, dtype)
+    return estimate_bytes(config, dtype)
+
+
+def _check_fits(source: str, need: int, dtype: torch.dtype, device: torch.device) -> None:
     have = _available_bytes(device)
     if need > 0.9 * have:
         raise ModelTooLargeError(
@@ -376,7 +440,7 @@ def _load(name: str, source: str, device: torch.device, dtype: torch.dtype) -> L
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"cannot load '{name}': {_first_line(exc)}") from exc
     model.to(device).eval().requires_grad_(False)
-    return LoadedModel(name, source, model, tokenizer, device, dtype)
+    return LoadedModel(name, source, model, tokenizer, device, dtype, nbytes=model_bytes(model))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -7,6 +7,7 @@ classroom laptop can load and chart a saved trace without torch.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,8 +323,13 @@ def validate(trace: Trace) -> None:
     """Raise TraceError naming the first way the trace contradicts itself.
 
     Run on every trace that comes from outside (an upload, a file), so a
-    corrupt one is refused with one line instead of breaking a view.
+    corrupt one is refused with one line instead of breaking a view: every
+    field a view reads is checked for its type here, then the rounds for
+    their logic.
     """
+    problem = _meta_problem(trace.meta) or _parts_problem(trace)
+    if problem:
+        raise TraceError(problem)
     for i, s in enumerate(trace.steps):
         problem = _step_problem(s, is_last=i == len(trace.steps) - 1)
         if problem:
@@ -342,17 +348,81 @@ def validate(trace: Trace) -> None:
                 raise TraceError(f"totals.{key} is {t.get(key)!r} but the rounds give {value}")
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_ids(x: Any) -> bool:
+    return isinstance(x, list) and all(_is_int(i) for i in x)
+
+
+def _meta_problem(meta: Any) -> str | None:
+    if not isinstance(meta, dict):
+        return "meta must be an object"
+    for key in ("prompt", "target", "target_source", "draft", "draft_kind", "device", "dtype", "stopped"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            return f"meta.{key} must be text"
+    if "prompt_tokens" in meta and not _is_int(meta["prompt_tokens"]):
+        return "meta.prompt_tokens must be a whole number"
+    texts = meta.get("prompt_token_texts")
+    if texts is not None and not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
+        return "meta.prompt_token_texts must be a list of texts"
+    sampling = meta.get("sampling")
+    if sampling is not None and not (
+        isinstance(sampling, dict) and isinstance(sampling.get("greedy", True), bool)
+    ):
+        return "meta.sampling must be an object whose greedy is true or false"
+    policy = meta.get("policy")
+    if policy is not None and not (isinstance(policy, dict) and _is_int(policy.get("k", 0))):
+        return "meta.policy must be an object with a whole-number k"
+    return None
+
+
+def _parts_problem(trace: Trace) -> str | None:
+    out, base = trace.output, trace.baseline
+    if not isinstance(out.text, str) or not _is_ids(out.token_ids):
+        return "output needs a text and a list of whole-number token ids"
+    if not isinstance(trace.totals, dict) or not all(
+        v is None or isinstance(v, bool) or _is_num(v) for v in trace.totals.values()
+    ):
+        return "totals must be an object of numbers"
+    if base is not None and not (
+        isinstance(base.text, str)
+        and _is_ids(base.token_ids)
+        and _is_num(base.wall_s)
+        and _is_num(base.tokens_per_s)
+        and isinstance(base.token_times_s, list)
+        and all(_is_num(t) for t in base.token_times_s)
+    ):
+        return "baseline needs a text, token ids, wall_s, tokens_per_s and token times as numbers"
+    return None
+
+
 check_invariants = validate  # the name the tests grew up with
 
 
 def _is_prob(x: Any) -> bool:
     # 1e-4 of slack: float32 softmax sums can round just past 1.
-    return isinstance(x, int | float) and not isinstance(x, bool) and -1e-4 <= x <= 1 + 1e-4
+    return _is_num(x) and -1e-4 <= x <= 1 + 1e-4
 
 
 def _step_problem(s: Step, is_last: bool) -> str | None:
-    if not isinstance(s.k, int) or not isinstance(s.n_accepted, int):
+    if not _is_int(s.k) or not _is_int(s.n_accepted):
         return "k and n_accepted must be whole numbers"
+    if not all(_is_num(t) and t >= 0 for t in (s.draft_ms, s.verify_ms, s.step_ms)):
+        return "draft_ms, verify_ms and step_ms must be numbers of milliseconds"
+    for name in ("target_top", "draft_top", "residual_top"):
+        top = getattr(s, name)
+        if top is not None and not all(
+            _is_int(t.id) and isinstance(t.text, str) and _is_prob(t.prob) for t in top
+        ):
+            return f"{name} needs tokens with a whole-number id, a text and a probability"
+    if s.match is not None and not (_is_int(s.match.start) and _is_int(s.match.ngram) and s.match.start >= 0):
+        return "match needs a whole-number start and n-gram length"
     if not s.k == len(s.draft) == len(s.verdicts):
         return f"k is {s.k} but it has {len(s.draft)} draft tokens and {len(s.verdicts)} verdicts"
     if not 0 <= s.n_accepted <= s.k:
@@ -368,13 +438,13 @@ def _step_problem(s: Step, is_last: bool) -> str | None:
     expected = "bonus" if s.n_accepted == s.k else "correction"
     if s.emitted.kind != expected:
         return f"the emitted token is a {s.emitted.kind!r}, expected a {expected!r}"
-    if not isinstance(s.emitted.id, int) or not isinstance(s.emitted.text, str) or not _is_prob(s.emitted.p):
+    if not _is_int(s.emitted.id) or not isinstance(s.emitted.text, str) or not _is_prob(s.emitted.p):
         return "the emitted token needs a whole-number id, a text and a probability p"
     return None
 
 
 def _token_problem(tok: DraftToken, v: Verdict, kind: str) -> str | None:
-    if not isinstance(tok.id, int) or not isinstance(tok.text, str) or not _is_prob(tok.q):
+    if not _is_int(tok.id) or not isinstance(tok.text, str) or not _is_prob(tok.q):
         return "a draft token needs a whole-number id, a text and a probability q"
     if v.kind != kind or v.accepted != (kind == "accepted"):
         return f"the verdict says {v.kind!r} (accepted={v.accepted}) but its place in the round makes it {kind!r}"

@@ -88,3 +88,18 @@ def client(live_app):
     from gradio_client import Client
 
     return Client(live_app, analytics_enabled=False, verbose=False)
+
+
+def tiny_model_folder(folder: Path, seed: int = 0) -> Path:
+    """A real little float32 model on disk, with a word-level tokenizer of its own."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *"abcdefghijklmnopqrstuvwxyz"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(
+        folder
+    )
+    tiny_llama(seed=seed, vocab=len(vocab)).to(torch.float32).save_pretrained(folder)
+    return folder

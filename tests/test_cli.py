@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, tiny_llama
+from conftest import ROOT, tiny_model_folder
 
 from decoding.cli import main
 from decoding.trace import Trace, check_invariants
@@ -112,18 +112,7 @@ def test_generate_in_process(tmp_path, capsys, smol, extra):
 @pytest.fixture(scope="module")
 def mismatched_draft(tmp_path_factory) -> Path:
     """A real little model whose tokenizer is not SmolLM2's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("mismatch")
-    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *"abcdefghijklmnopqrstuvwxyz"])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(
-        folder
-    )
-    tiny_llama(seed=0, vocab=len(vocab)).to(torch.float32).save_pretrained(folder)
-    return folder
+    return tiny_model_folder(tmp_path_factory.mktemp("mismatch"))
 
 
 @pytest.fixture(scope="module")

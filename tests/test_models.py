@@ -57,3 +57,19 @@ def test_cuda_greedy_is_lossless(tiny_target):
     trace = speculative_generate(model, ids, NGramDraft(), make_policy("fixed", 4), max_new_tokens=30)
     assert trace.output.token_ids == expected
     tiny_target.to("cpu")
+
+
+def test_loaded_models_stay_within_their_budget_least_recently_used_out(tmp_path, monkeypatch):
+    from collections import OrderedDict
+
+    from conftest import tiny_model_folder
+
+    folders = [str(tiny_model_folder(tmp_path / f"m{i}", seed=i)) for i in range(3)]
+    monkeypatch.setattr(models, "_loaded", OrderedDict())
+    first = models.load_model(folders[0], "cpu")
+    monkeypatch.setenv("SPECLENS_MODEL_BUDGET_GB", str(2.5 * first.nbytes / 2**30))  # room for two
+    models.load_model(folders[1], "cpu")
+    assert models.load_model(folders[0], "cpu") is first  # used again: now the most recent
+    models.load_model(folders[2], "cpu")
+    assert [key[0] for key in models._loaded] == [folders[0], folders[2]]
+    assert sum(m.nbytes for m in models._loaded.values()) <= models.model_budget_bytes()

@@ -1,0 +1,118 @@
+"""Hostile uploads, fuzzed: every mutated trace is either refused with a TraceError or rendered
+safely (no unescaped markup from its text), never anything else."""
+
+from __future__ import annotations
+
+import copy
+import json
+from html.parser import HTMLParser
+
+from conftest import ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from decoding.errors import TraceError
+from decoding.trace import Trace, validate
+from visualize.cards import stats_html
+from visualize.charts import trace_figures
+from visualize.explain import explain_step_markdown
+from visualize.timeline import timeline_html
+
+BASES = [
+    json.loads((ROOT / "assets" / "traces" / name).read_text())
+    for name in ("summarization-ngram-greedy.json", "classroom-ngram-sampled.json")
+]
+HOSTILE = [
+    "<script>alert(1)</script>",
+    '" onmouseover="alert(1)',
+    "<img src=x onerror=alert(1)>",
+    "\u202eevil",
+    "a\x00b",
+    "**bold** [x](javascript:alert(1))",
+    "x" * 100_000,
+]
+TAGS_WE_WRITE = {"div", "span", "p"}
+
+
+def paths(node, prefix=()):
+    """Every path into a JSON tree, cut short in long lists to keep the set small."""
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node[:3]):
+            yield from paths(value, (*prefix, i))
+
+
+PATHS = [(b, p) for b, base in enumerate(BASES) for p in paths(base) if p]
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.sampled_from(HOSTILE)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+class TagCollector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.attrs: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.attrs.update(name for name, _ in attrs)
+
+
+def render_or_refuse(text: str) -> None:
+    try:
+        trace = Trace.from_json(text)
+        validate(trace)
+    except TraceError:
+        return
+    html = timeline_html(trace) + stats_html(trace)
+    if trace.steps:
+        html += timeline_html(trace, upto=1, selected=0)
+        for i, step in enumerate(trace.steps[:3]):
+            assert "<" not in explain_step_markdown(step, i).replace("&lt;", "")
+    trace_figures(trace)
+    found = TagCollector()
+    found.feed(html)
+    assert found.tags <= TAGS_WE_WRITE, found.tags
+    assert found.attrs <= {"class", "title", "data-step"}, found.attrs
+
+
+@settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(PATHS), json_values)
+def test_a_field_replaced_by_anything(where, value):
+    base, path = where
+    data = copy.deepcopy(BASES[base])
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    render_or_refuse(json.dumps(data, allow_nan=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**9), st.integers(1, 40), st.text(max_size=8))
+def test_the_json_text_cut_and_spliced(at, cut, insert):
+    text = json.dumps(BASES[0])
+    at %= len(text)
+    render_or_refuse(text[:at] + insert + text[at + cut :])
+
+
+def test_hostile_text_in_every_text_field_is_shown_as_text():
+    data = copy.deepcopy(BASES[0])
+    for step in data["steps"]:
+        for tok in step["draft"]:
+            tok["text"] = HOSTILE[len(tok["text"]) % len(HOSTILE)]
+    data["meta"]["prompt_token_texts"] = HOSTILE * 3
+    data["meta"]["prompt"] = HOSTILE[0]
+    render_or_refuse(json.dumps(data))
