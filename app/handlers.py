@@ -119,6 +119,7 @@ def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
         name = (draft_model or "").strip()
         if not name:
             raise SpecLensError("choose a draft model: a smaller model with the target's tokenizer")
+        check_allowed(name)
         return name
     return "ngram"
 
@@ -159,7 +160,6 @@ def make_config(
     if len(prompt or "") > MAX_PROMPT_CHARS:
         raise SpecLensError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; shorten it")
     check_allowed(target)
-    check_allowed(draft_model)
     return RunConfig(
         target=(target or "").strip(),
         draft=draft_spec(source, n_layers, draft_model),

@@ -27,6 +27,7 @@ from .errors import SpecLensError
 
 MAX_PAGE_BYTES = 8_000_000  # a real engine's page is tens of kB
 TIMEOUT_S = 3.0
+MAX_POSITIONS = 64  # draft positions read from a page; engines draft far fewer
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 PREFIXES = {"vllm:": "vllm", "sglang:": "sglang", "speclens:": "speclens"}
 
@@ -81,8 +82,9 @@ def parse(text: str) -> Snapshot:
 
     try:
         samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
-    except (ValueError, TypeError, IndexError) as exc:
-        raise SpecLensError(f"not a Prometheus metrics page: {exc}") from None
+    except (ValueError, TypeError, IndexError):
+        # Not the parser's message: it can quote the page, which may be any server's answer.
+        raise SpecLensError("not a Prometheus metrics page: the text format could not be parsed") from None
     for prefix, engine in PREFIXES.items():
         mine = [s for s in samples if s.name.startswith(prefix)]
         snapshot = _counters(engine, prefix, mine) if engine != "sglang" else _sglang(mine)
@@ -107,8 +109,9 @@ def _counters(engine: str, prefix: str, samples: list) -> Snapshot | None:
             setattr(snapshot, name, getattr(snapshot, name) + s.value)
             found = True
         elif name == "num_accepted_tokens_per_pos":
-            pos = int(s.labels.get("position", 0))
-            per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+            pos = s.labels.get("position", "")
+            if pos.isdigit() and int(pos) < MAX_POSITIONS:  # a page is input: no label sizes a list
+                per_pos[int(pos)] = per_pos.get(int(pos), 0.0) + s.value
     if not found:
         return None
     snapshot.per_pos = [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)] if per_pos else []

@@ -11,6 +11,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pandas as pd
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -281,7 +282,7 @@ def test_bench_against_a_server_measures_each_category_by_its_counts(vllm, tmp_p
     out = tmp_path / "bench"
     args = ["bench", "--server", url, "--prompts", str(prompts), "--limit", "2", "--out", str(out)]
     assert main([*args, "--max-new-tokens", "32"]) == 0
-    df = __import__("pandas").read_csv(out / "results.csv")
+    df = pd.read_csv(out / "results.csv")
     assert list(df["category"]) == [c for c, _ in rows]
     for (_, prompt), r in zip(rows, df.itertuples()):
         a = accepted_for(prompt)
@@ -308,3 +309,14 @@ def test_best_k_from_a_measured_profile():
     assert k == 2 and speedups[1] == pytest.approx(2.4 / 1.8)  # 1.8/1.4, 2.4/1.8, 2.8/2.2, ...
     k, _ = costmodel.best_k_profile(per_position, draft_cost=0.1, verify_growth=0.6, k_max=8)
     assert k == 1  # costly checking: the first position alone pays
+
+
+def test_position_labels_cannot_size_a_list():
+    page = (
+        "# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total 4.0\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n"
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 2.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="999999999"} 1.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="x"} 1.0\n'
+    )
+    assert engines.summary(engines.parse(page))["per_position"] == [0.5]
