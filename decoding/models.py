@@ -182,8 +182,16 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 
 def _evict_for(need: int) -> None:
-    """Drop the least recently used models until `need` more bytes fit the budget."""
+    """Drop the least recently used models until `need` more bytes fit the budget.
+
+    A model larger than the whole budget evicts nothing: it is refused instead.
+    """
     budget = model_budget_bytes()
+    if need > budget:
+        raise ModelTooLargeError(
+            f"that model needs about {need / 2**30:.1f} GiB, more than the {budget / 2**30:.1f} GiB "
+            "this app keeps for models; pick a smaller model"
+        )
     while _loaded and sum(m.nbytes for m in _loaded.values()) + need > budget:
         _loaded.popitem(last=False)
     gc.collect()

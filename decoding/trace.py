@@ -330,8 +330,9 @@ def validate(trace: Trace) -> None:
     problem = _meta_problem(trace.meta) or _parts_problem(trace)
     if problem:
         raise TraceError(problem)
+    sampled = not trace.meta.get("sampling", {}).get("greedy", True)
     for i, s in enumerate(trace.steps):
-        problem = _step_problem(s, is_last=i == len(trace.steps) - 1)
+        problem = _step_problem(s, i == len(trace.steps) - 1, sampled)
         if problem:
             raise TraceError(f"round {i + 1}: {problem}")
     if trace.emitted_ids() != trace.output.token_ids:
@@ -371,13 +372,11 @@ def _meta_problem(meta: Any) -> str | None:
     texts = meta.get("prompt_token_texts")
     if texts is not None and not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
         return "meta.prompt_token_texts must be a list of texts"
-    sampling = meta.get("sampling")
-    if sampling is not None and not (
-        isinstance(sampling, dict) and isinstance(sampling.get("greedy", True), bool)
-    ):
+    sampling = meta.get("sampling", {})  # present means an object: the views read it
+    if not (isinstance(sampling, dict) and isinstance(sampling.get("greedy", True), bool)):
         return "meta.sampling must be an object whose greedy is true or false"
-    policy = meta.get("policy")
-    if policy is not None and not (isinstance(policy, dict) and _is_int(policy.get("k", 0))):
+    policy = meta.get("policy", {})
+    if not (isinstance(policy, dict) and _is_int(policy.get("k", 0))):
         return "meta.policy must be an object with a whole-number k"
     return None
 
@@ -387,7 +386,7 @@ def _parts_problem(trace: Trace) -> str | None:
     if not isinstance(out.text, str) or not _is_ids(out.token_ids):
         return "output needs a text and a list of whole-number token ids"
     if not isinstance(trace.totals, dict) or not all(
-        v is None or isinstance(v, bool) or _is_num(v) for v in trace.totals.values()
+        isinstance(v, bool) or _is_num(v) for v in trace.totals.values()
     ):
         return "totals must be an object of numbers"
     if base is not None and not (
@@ -410,7 +409,7 @@ def _is_prob(x: Any) -> bool:
     return _is_num(x) and -1e-4 <= x <= 1 + 1e-4
 
 
-def _step_problem(s: Step, is_last: bool) -> str | None:
+def _step_problem(s: Step, is_last: bool, sampled: bool) -> str | None:
     if not _is_int(s.k) or not _is_int(s.n_accepted):
         return "k and n_accepted must be whole numbers"
     if not all(_is_num(t) and t >= 0 for t in (s.draft_ms, s.verify_ms, s.step_ms)):
@@ -428,7 +427,7 @@ def _step_problem(s: Step, is_last: bool) -> str | None:
     if not 0 <= s.n_accepted <= s.k:
         return f"n_accepted {s.n_accepted} is outside 0..{s.k}"
     for j, (tok, v) in enumerate(zip(s.draft, s.verdicts)):
-        problem = _token_problem(tok, v, verdict_kind(j, s.n_accepted))
+        problem = _token_problem(tok, v, verdict_kind(j, s.n_accepted), sampled)
         if problem:
             return f"draft position {j + 1}: {problem}"
     if s.emitted is None:
@@ -443,7 +442,7 @@ def _step_problem(s: Step, is_last: bool) -> str | None:
     return None
 
 
-def _token_problem(tok: DraftToken, v: Verdict, kind: str) -> str | None:
+def _token_problem(tok: DraftToken, v: Verdict, kind: str, sampled: bool) -> str | None:
     if not _is_int(tok.id) or not isinstance(tok.text, str) or not _is_prob(tok.q):
         return "a draft token needs a whole-number id, a text and a probability q"
     if v.kind != kind or v.accepted != (kind == "accepted"):
@@ -451,8 +450,12 @@ def _token_problem(tok: DraftToken, v: Verdict, kind: str) -> str | None:
     if kind == "discarded":
         if (v.p, v.accept_prob, v.u) != (None, None, None):
             return "a discarded token was never judged, so its p, accept_prob and u must be null"
-    elif not (_is_prob(v.p) and _is_prob(v.accept_prob) and (v.u is None or _is_prob(v.u))):
-        return "a judged token needs p and accept_prob between 0 and 1"
+    elif not (
+        _is_prob(v.p)
+        and _is_prob(v.accept_prob)
+        and (_is_prob(v.u) if sampled else v.u is None or _is_prob(v.u))
+    ):
+        return "a judged token needs p and accept_prob between 0 and 1 (and u, when sampling)"
     return None
 
 

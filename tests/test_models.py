@@ -73,3 +73,7 @@ def test_loaded_models_stay_within_their_budget_least_recently_used_out(tmp_path
     models.load_model(folders[2], "cpu")
     assert [key[0] for key in models._loaded] == [folders[0], folders[2]]
     assert sum(m.nbytes for m in models._loaded.values()) <= models.model_budget_bytes()
+    monkeypatch.setenv("SPECLENS_MODEL_BUDGET_GB", "0.000001")  # a model larger than the whole budget
+    with pytest.raises(SpecLensError, match="more than the"):
+        models.load_model(folders[1], "cpu")
+    assert len(models._loaded) == 2, "a refused model must not evict the loaded ones"
