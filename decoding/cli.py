@@ -75,6 +75,34 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dtype", default=None)
     pr.add_argument("--compile", action="store_true", help="torch.compile the model first")
 
+    t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for the target on its own answers")
+    t.add_argument("--target", default="smollm2-135m")
+    t.add_argument(
+        "--prompts",
+        type=Path,
+        required=True,
+        help="training prompts (JSONL with 'prompt'); never the dev set",
+    )
+    t.add_argument(
+        "--out", type=Path, required=True, help="the head folder to write (e.g. assets/heads/smollm2-135m)"
+    )
+    t.add_argument(
+        "--work", type=Path, help="where answers, features and checkpoints go (default: the model cache)"
+    )
+    t.add_argument("--answer-tokens", type=int, default=128, help="tokens per generated answer")
+    t.add_argument("--sampled", type=int, default=0, help="sampled answers per prompt besides the greedy one")
+    t.add_argument("--batch-size", type=int, default=16, help="answers generated at once")
+    t.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can propose")
+    t.add_argument("--steps", type=int, default=3, help="training-time-test steps")
+    t.add_argument("--epochs", type=int, default=5)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument(
+        "--prompt-weight", type=float, default=0.2, help="loss weight of prompt positions (answers: 1)"
+    )
+    t.add_argument("--limit", type=int, default=0, help="use only the first N prompts (0: all)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default=None)
+
     p = sub.add_parser(
         "prepare", help="convert offline presets into the model cache, or download hub models (once)"
     )
@@ -101,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             return _probe(args)
         if args.command == "metrics":
             return _metrics(args)
+        if args.command == "train-head":
+            return _train_head(args, sys.argv[1:] if argv is None else argv)
     except SpecLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,6 +210,37 @@ def _probe(args: argparse.Namespace) -> int:
 
     target = load_model(args.target, args.device, args.dtype, args.compile)
     print(json.dumps({"machine": machine(), **probe(target)}, indent=1))
+    return 0
+
+
+def _train_head(args: argparse.Namespace, argv: list[str]) -> int:
+    import json
+    import shlex
+
+    from .models import cache_dir, load_model
+    from .train_head import TrainConfig, train_head
+
+    cfg = TrainConfig(
+        answer_tokens=args.answer_tokens,
+        sampled=args.sampled,
+        batch_size=args.batch_size,
+        draft_vocab=args.draft_vocab,
+        steps=args.steps,
+        epochs=args.epochs,
+        lr=args.lr,
+        prompt_weight=args.prompt_weight,
+        seed=args.seed,
+        limit=args.limit,
+    )
+    if min(cfg.answer_tokens, cfg.batch_size, cfg.draft_vocab, cfg.steps, cfg.epochs) < 1 or cfg.limit < 0:
+        raise SpecLensError(
+            "--answer-tokens, --batch-size, --draft-vocab, --steps and --epochs must be at least 1"
+        )
+    target = load_model(args.target, args.device, "float32")
+    work = args.work or cache_dir() / "train-head" / Path(args.out).name
+    command = "python -m decoding " + shlex.join(argv)
+    card = train_head(target, args.prompts, args.out, work, cfg, command)
+    print(json.dumps(card, indent=1))
     return 0
 
 

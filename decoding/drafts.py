@@ -68,6 +68,9 @@ class Draft(ABC):
     def rollback(self, length: int) -> None:
         """Only the first `length` tokens of what was seen are still valid."""
 
+    def finish(self) -> None:
+        """The sequence is over: let go of what only it needed."""
+
 
 def empty_proposal(device: torch.device) -> Proposal:
     return Proposal(torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device), None)
@@ -190,12 +193,14 @@ class NGramDraft(Draft):
 
 
 def build_draft(spec: str, target: LoadedModel) -> Draft | None:
-    """`ngram`, `layers:N`, `none`, or a model name for a separate draft model."""
+    """`ngram`, `layers:N`, `head`, `head:PATH`, `none`, or a model name for a separate draft model."""
     spec = (spec or "").strip()
     if spec in ("", "none"):
         return None
     if spec == "ngram":
         return NGramDraft()
+    if spec == "head" or spec.startswith("head:"):
+        return _head_draft(spec, target)
     if spec.startswith("layers:"):
         try:
             n = int(spec.split(":", 1)[1])
@@ -208,3 +213,13 @@ def build_draft(spec: str, target: LoadedModel) -> Draft | None:
     draft = load_model(spec, str(target.device), str(target.dtype).removeprefix("torch."), target.compiled)
     check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, spec)
     return ModelDraft(draft.model, target.vocab_size, public_name(spec))
+
+
+def _head_draft(spec: str, target: LoadedModel) -> Draft:
+    from .heads import HeadDraft, load_head, shipped_head  # heads builds on this module
+
+    if target.compiled:
+        raise SpecLensError("a head draft reads the target's layers as it runs: use it without --compile")
+    folder = shipped_head(target.name) if spec == "head" else spec.split(":", 1)[1].strip()
+    head = load_head(folder, target.model, target.device, target.dtype)
+    return HeadDraft(head, target.model, "head" if spec == "head" else f"head:{public_name(str(folder))}")

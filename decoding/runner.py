@@ -26,7 +26,7 @@ MAX_CONTEXT = 4096  # prompt + new tokens, whatever the model allows beyond it
 @dataclass
 class RunConfig:
     target: str = "smollm2-135m"
-    draft: str = "ngram"  # "ngram", "layers:N", a model name, or "none"
+    draft: str = "ngram"  # "ngram", "layers:N", "head", "head:PATH", a model name, or "none"
     k: int = 4
     policy: str = "fixed"
     confidence: float = 0.4
@@ -122,7 +122,7 @@ def generate(
     target, prompt_ids = _target_and_prompt(config)
     draft = build_draft(config.draft, target)
     if draft is None:
-        raise SpecLensError("a speculative run needs a draft: ngram, layers:N or a model name")
+        raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
     text = token_texts(target.tokenizer)
     eos = eos_ids(target)
     trace = speculative_generate(

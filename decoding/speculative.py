@@ -80,47 +80,50 @@ def speculative_generate(
     output: list[int] = []
 
     start = clock()
-    cache = _prefill(target, prompt_ids)
-    draft.reset()
-    seq = prompt_ids
-    finished = False
-    rounds = proposed = accepted = 0
-    while not finished and len(output) < max_new_tokens:
-        if should_stop is not None and (reason := should_stop()):
-            trace.meta["stopped"] = reason
-            break
-        t0 = clock() if record else 0.0
-        # Leave room for the token the target adds, so a round never overshoots.
-        k = min(policy.next_k(), max_new_tokens - len(output) - 1)
-        proposal = draft.propose(seq, k, sampling, generator, policy.min_confidence) if k > 0 else None
-        proposal = _cut_after_eos(proposal or empty_proposal(device), eos)
-        t1 = clock() if record else 0.0
-        candidates = torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
-        logits = forward(target, candidates, cache)
-        verdict = _verify(logits, proposal, sampling, generator)
-        t2 = clock() if record else 0.0
+    draft.reset()  # before the prefill: a head draft reads the target's prefill features
+    try:
+        cache = _prefill(target, prompt_ids)
+        seq = prompt_ids
+        finished = False
+        rounds = proposed = accepted = 0
+        while not finished and len(output) < max_new_tokens:
+            if should_stop is not None and (reason := should_stop()):
+                trace.meta["stopped"] = reason
+                break
+            t0 = clock() if record else 0.0
+            # Leave room for the token the target adds, so a round never overshoots.
+            k = min(policy.next_k(), max_new_tokens - len(output) - 1)
+            proposal = draft.propose(seq, k, sampling, generator, policy.min_confidence) if k > 0 else None
+            proposal = _cut_after_eos(proposal or empty_proposal(device), eos)
+            t1 = clock() if record else 0.0
+            candidates = torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
+            logits = forward(target, candidates, cache)
+            verdict = _verify(logits, proposal, sampling, generator)
+            t2 = clock() if record else 0.0
 
-        n = verdict.n_accepted
-        kept = proposal.tokens[:n].tolist()
-        emitted = int(verdict.emitted)
-        ended_in_draft = bool(eos & set(kept))  # an accepted EOS: no bonus after it
-        new = kept if ended_in_draft else [*kept, emitted]
-        finished = ended_in_draft or emitted in eos
-        crop(cache, seq.shape[1] + n)
-        draft.rollback(seq.shape[1] + n)
-        seq = torch.cat([seq, torch.tensor([new], device=device)], dim=1)
-        output.extend(new)
-        policy.update(n, len(proposal))
-        if not record:
-            rounds, proposed, accepted = rounds + 1, proposed + len(proposal), accepted + n
-            continue
+            n = verdict.n_accepted
+            kept = proposal.tokens[:n].tolist()
+            emitted = int(verdict.emitted)
+            ended_in_draft = bool(eos & set(kept))  # an accepted EOS: no bonus after it
+            new = kept if ended_in_draft else [*kept, emitted]
+            finished = ended_in_draft or emitted in eos
+            crop(cache, seq.shape[1] + n)
+            draft.rollback(seq.shape[1] + n)
+            seq = torch.cat([seq, torch.tensor([new], device=device)], dim=1)
+            output.extend(new)
+            policy.update(n, len(proposal))
+            if not record:
+                rounds, proposed, accepted = rounds + 1, proposed + len(proposal), accepted + n
+                continue
 
-        step = _record(proposal, verdict, None if ended_in_draft else emitted, token_text)
-        step.draft_ms, step.verify_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
-        step.step_ms = (clock() - t0) * 1e3
-        trace.steps.append(step)
-        if on_step is not None:
-            on_step(step, trace)
+            step = _record(proposal, verdict, None if ended_in_draft else emitted, token_text)
+            step.draft_ms, step.verify_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
+            step.step_ms = (clock() - t0) * 1e3
+            trace.steps.append(step)
+            if on_step is not None:
+                on_step(step, trace)
+    finally:
+        draft.finish()
 
     wall = clock() - start
     trace.output.token_ids = output

@@ -1,0 +1,317 @@
+"""Trained draft heads: lossless drafting, the EAGLE-3 file layout, refusals, and training end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import PROMPTS, ROOT, tiny_llama, tiny_model_folder
+from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
+from transformers import AutoModelForCausalLM
+
+from decoding.errors import SpecLensError
+from decoding.forward import new_cache
+from decoding.heads import (
+    EagleHead,
+    FeatureTap,
+    HeadCache,
+    HeadConfig,
+    HeadDraft,
+    load_head,
+)
+from decoding.policies import make_policy
+from decoding.speculative import autoregressive_generate, speculative_generate
+from decoding.trace import check_invariants
+from decoding.verify import Sampling
+
+SHIPPED = ROOT / "assets" / "heads" / "smollm2-135m"
+
+
+def random_head(target, draft_ids: list[int], seed: int = 0, std: float = 0.3) -> EagleHead:
+    """An untrained head for `target` over `draft_ids`, in the target's dtype."""
+    torch.manual_seed(seed)
+    head = EagleHead(HeadConfig.for_target(target.config, len(draft_ids)))
+    for p in head.parameters():
+        if p.dim() > 1:
+            torch.nn.init.normal_(p, std=std)
+    ids = torch.tensor(draft_ids)
+    head.d2t.copy_(ids - torch.arange(len(ids)))
+    head.t2d[ids] = True
+    return head.to(target.dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def trained_tiny(tmp_path_factory):
+    """A tiny target on disk and a head trained for it by the real command, in seconds."""
+    root = tmp_path_factory.mktemp("head")
+    folder = tiny_model_folder(root / "tiny", seed=5)
+    prompts = root / "train.jsonl"
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    rows = [{"prompt": " ".join(letters[(i * 7 + j * 3) % 26] for j in range(6 + i % 5))} for i in range(24)]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, work = root / "head-out", root / "work"
+    argv = ["train-head", "--target", str(folder), "--prompts", str(prompts), "--out", str(out)]
+    argv += [
+        "--work",
+        str(work),
+        "--answer-tokens",
+        "24",
+        "--epochs",
+        "4",
+        "--draft-vocab",
+        "20",
+        "--lr",
+        "3e-3",
+    ]
+    from decoding.cli import main
+
+    assert main(argv) == 0
+    return folder, out, work, argv
+
+
+def f64_target(folder):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval().requires_grad_(False)
+
+
+def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
+    folder, out, work, argv = trained_tiny
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == 20
+    card = config["speclens"]
+    assert card["command"].startswith("python -m decoding train-head") and card["fingerprint"]
+    assert card["epoch"] == 4 and len(card["train_top1_by_step"]) == 3
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) >= {"fc.weight", "midlayer.self_attn.q_proj.weight", "d2t", "t2d"}
+    answers = (work / "answers.jsonl").read_text()
+    from decoding.cli import main
+
+    assert main(argv) == 0  # every stage is found done: nothing is generated or trained again
+    assert (work / "answers.jsonl").read_text() == answers
+    assert "train 1/4" not in capsys.readouterr().err
+
+
+def test_trained_head_is_lossless_for_every_k(trained_tiny):
+    folder, out, _, _ = trained_tiny
+    target = f64_target(folder)
+    head = load_head(out, target, torch.device("cpu"), torch.float64)
+    accepted = 0
+    for prompt in ([3, 4, 5, 6], [9, 2, 9, 2, 9, 2], [20]):
+        ids = torch.tensor([prompt])
+        expected = autoregressive_generate(target, ids, max_new_tokens=40).token_ids
+        for k in range(1, 9):
+            draft = HeadDraft(head, target, "head")
+            trace = speculative_generate(target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
+            assert trace.output.token_ids == expected, f"k={k} prompt={prompt}"
+            check_invariants(trace)
+            accepted += trace.totals["accepted"]
+    assert accepted > 0  # the trained head is right sometimes, so the accept path ran too
+
+
+def test_drafts_equal_a_fresh_recomputation(tiny_target):
+    """Each round's draft equals the head run from scratch over the whole sequence so far."""
+    head = random_head(tiny_target, list(range(0, 64, 2)), std=0.2)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    trace = speculative_generate(
+        tiny_target, ids, HeadDraft(head, tiny_target, "h"), make_policy("fixed", 3), max_new_tokens=30
+    )
+    tap = FeatureTap.on(tiny_target, head.c.aux_layers)
+    embed = tiny_target.get_input_embeddings()
+    seq = ids[0].tolist()
+    for step in trace.steps:
+        x = torch.tensor([seq])
+        tap.start()
+        tiny_target(input_ids=x[:, :-1], cache=new_cache(tiny_target))
+        feats = tap.take()
+        tap.stop()
+        cache = HeadCache()
+        out = head.step(embed(x[0, 1:]), head.fc(feats), cache)[-1:]
+        expected = []
+        for _ in range(step.k):
+            token = head.draft_ids[head.logits(out)[0].argmax()]
+            expected.append(int(token))
+            out = head.step(embed(token.view(1)), out, cache)
+        assert [d.id for d in step.draft] == expected
+        seq += [d.id for d in step.draft[: step.n_accepted]]
+        seq += [step.emitted.id] if step.emitted else []
+
+
+def test_drafts_only_from_the_draft_vocabulary(tiny_target):
+    vocab = [1, 4, 9, 16, 25, 36, 49]
+    head = random_head(tiny_target, vocab)
+    trace = speculative_generate(
+        tiny_target,
+        torch.tensor([[3, 4, 5]]),
+        HeadDraft(head, tiny_target, "h"),
+        make_policy("fixed", 4),
+        max_new_tokens=30,
+    )
+    assert {d.id for s in trace.steps for d in s.draft} <= set(vocab)
+
+
+@pytest.mark.parametrize(
+    "sampling", [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=6, top_p=0.9)]
+)
+def test_head_sampling_follows_the_target(sampling):
+    vocab = 10
+    target = tiny_llama(seed=3, layers=4, vocab=vocab, init=0.6)
+    head = random_head(target, [0, 1, 2, 3, 5, 6, 8], seed=2, std=0.5)  # three tokens can never be drafted
+    prompt = torch.tensor([[3, 5, 3, 5, 3]])
+    joint = exact_pair_distribution(target, prompt, sampling)
+    counts, accepted, runs = np.zeros((vocab, vocab)), 0, 1500
+    draft = HeadDraft(head, target, "h")
+    for seed in range(runs):
+        s = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+        trace = speculative_generate(target, prompt, draft, make_policy("fixed", 2), s, max_new_tokens=2)
+        t1, t2 = trace.output.token_ids
+        counts[t1, t2] += 1
+        accepted += trace.totals["accepted"]
+    assert runs * 0.1 < accepted < runs * 2 * 0.95
+    assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA
+
+
+def published_layout(target, folder, with_embedding: bool = True):
+    """A head as yuhuili/EAGLE3-LLaMA3.1-Instruct-8B ships one (its names, keys and shape
+    relations: fc 3h→h, q/k/v from 2h, a reduced lm_head, d2t/t2d), scaled down to `target`."""
+    folder.mkdir()
+    c = target.config
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": c.intermediate_size,
+        "max_position_embeddings": 2048,
+        "model_type": "llama",
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "num_hidden_layers": 1,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.28.1",
+        "use_cache": True,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": 32,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    state = random_head(target, list(range(32)), std=0.1).half().state_dict()
+    if with_embedding:
+        state["embed_tokens.weight"] = target.get_input_embeddings().weight.half()
+    torch.save(state, folder / "pytorch_model.bin")
+    return folder
+
+
+def test_a_published_eagle3_layout_loads_and_drafts(tiny_target, tmp_path):
+    folder = published_layout(tiny_target, tmp_path / "eagle3")
+    head = load_head(folder, tiny_target, torch.device("cpu"), torch.float64)
+    assert head.c.aux_layers == HeadConfig.for_target(tiny_target.config, 32).aux_layers
+    ids = torch.tensor([[7, 8, 9]])
+    expected = autoregressive_generate(tiny_target, ids, max_new_tokens=30).token_ids
+    trace = speculative_generate(
+        tiny_target, ids, HeadDraft(head, tiny_target, "h"), make_policy("fixed", 4), max_new_tokens=30
+    )
+    assert trace.output.token_ids == expected
+    assert trace.totals["proposed"] > 0
+
+
+def _edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _corrupt_weights(folder):
+    (folder / "pytorch_model.bin").write_bytes(b"not a checkpoint")
+
+
+def _drop_weight(folder):
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    del state["midlayer.hidden_norm.weight"]
+    torch.save(state, folder / "pytorch_model.bin")
+
+
+BROKEN = {
+    "no config": (lambda f: (f / "config.json").unlink(), "no config.json"),
+    "bad json": (lambda f: (f / "config.json").write_text("{"), "not valid JSON"),
+    "not eagle3": (lambda f: _strip_key(f), "not an EAGLE-3 head"),
+    "other hidden size": (lambda f: _edit_config(f, hidden_size=4096), "hidden size 4096"),
+    "other vocab": (lambda f: _edit_config(f, vocab_size=128256), "vocabulary of 128256"),
+    "other weights": (lambda f: _edit_config(f, speclens={"fingerprint": "0123456789abcdef"}), "fingerprint"),
+    "layer out of range": (
+        lambda f: _edit_config(f, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 40]}),
+        "layers",
+    ),
+    "garbage values": (lambda f: _edit_config(f, num_attention_heads="many"), "malformed value"),
+    "garbage layers": (
+        lambda f: _edit_config(f, eagle_config={"eagle_aux_hidden_state_layer_ids": "abc"}),
+        "layers abc",
+    ),
+    "corrupt weights": (_corrupt_weights, "cannot be read"),
+    "missing weight": (_drop_weight, "lack 'midlayer.hidden_norm.weight'"),
+}
+
+
+def _strip_key(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("draft_vocab_size")
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_broken_or_foreign_head_is_refused_in_one_line(tiny_target, tmp_path, case):
+    folder = published_layout(tiny_target, tmp_path / "eagle3")
+    breaks, words = BROKEN[case]
+    breaks(folder)
+    with pytest.raises(SpecLensError) as err:
+        load_head(folder, tiny_target, torch.device("cpu"), torch.float64)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_head_folder_on_the_command_line(tmp_path):
+    folder = tiny_model_folder(tmp_path / "tiny")
+    cmd = [
+        sys.executable,
+        "-m",
+        "decoding",
+        "generate",
+        "--target",
+        str(folder),
+        "--draft",
+        f"head:{tmp_path}/nope",
+    ]
+    run = subprocess.run([*cmd, "--prompt", "a b c"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"error: no head folder at '{tmp_path}/nope'"]
+
+
+def test_the_shipped_head_fits_in_a_space_and_names_its_command():
+    files = list(SHIPPED.iterdir())
+    assert all(f.stat().st_size < 10_000_000 for f in files), [(f.name, f.stat().st_size) for f in files]
+    card = json.loads((SHIPPED / "config.json").read_text())["speclens"]
+    assert card["command"].startswith("python -m decoding train-head --target smollm2-135m")
+    assert "specbench_train.jsonl" in card["command"] and (SHIPPED / "README.md").is_file()
+
+
+def test_the_shipped_head_is_lossless_on_smollm2(smol):
+    from decoding.drafts import build_draft
+    from decoding.runner import encode_prompt
+
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+    accepted = 0
+    for row in (rows[0], rows[-1]):
+        ids = encode_prompt(smol, row["prompt"], chat=True)
+        expected = autoregressive_generate(smol.model, ids, max_new_tokens=32).token_ids
+        for k in (1, 3, 8):
+            draft = build_draft("head", smol)
+            trace = speculative_generate(smol.model, ids, draft, make_policy("fixed", k), max_new_tokens=32)
+            assert trace.output.token_ids == expected, f"k={k}"
+            accepted += trace.totals["accepted"]
+    assert accepted > 20  # a trained head: most rounds keep something
