@@ -41,6 +41,7 @@ CSV_COLUMNS = [
     "new_tokens",
     "acceptance_rate",
     "alpha",
+    "draft_cost",
     "tokens_per_step",
     "tps_speclens",
     "tps_plain",
@@ -154,8 +155,11 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
 
     a = speculative(record=True)
     b = autoregressive_generate(target.model, ids, sampling, cfg.max_new_tokens, eos)
+    # Hugging Face has no head drafting, and its assisted generation is greedy here.
     c_ids, c_wall = (
-        hf_generate(target, draft, cfg.k, ids, cfg.max_new_tokens) if sampling.greedy else (None, 0.0)
+        hf_generate(target, draft, cfg.k, ids, cfg.max_new_tokens)
+        if sampling.greedy and draft.kind != "head"
+        else (None, 0.0)
     )
     d = speculative(record=False)
 
@@ -168,6 +172,7 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
         "new_tokens": n,
         "acceptance_rate": a.totals["acceptance_rate"],
         "alpha": costmodel.estimate_alpha(a),
+        "draft_cost": costmodel.draft_ms_per_token(a) / t_target_ms,
         "tokens_per_step": a.totals["tokens_per_step"],
         "tps_speclens": tps_a,
         "tps_plain": tps_b,
@@ -180,6 +185,7 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
         "identical_plain": a.output.token_ids == b.token_ids,
         "identical_hf": a.output.token_ids == c_ids if c_ids is not None else None,
         "verify_ms": costmodel.verify_cost_ms([a]),
+        "by_position": costmodel.acceptance_by_position(a),
         "t_target_ms": t_target_ms,
     }
 
@@ -189,23 +195,24 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] = print) -> pd.DataFr
     target = load_model(cfg.target, cfg.device, cfg.dtype, compile=cfg.compile)
     draft = build_draft(cfg.draft, target)
     if draft is None:
-        raise SpecLensError("the benchmark needs a draft: ngram, layers:N or a model name")
+        raise SpecLensError("the benchmark needs a draft: ngram, layers:N, head or a model name")
     if cfg.warmup:  # first calls allocate, and with --compile they compile: keep them out of the figures
         t = time.perf_counter()
         run_prompt(cfg, target, draft, prompts[0]["prompt"])
         say(f"warm-up: {time.perf_counter() - t:.1f} s")
-    rows, verify = [], []
+    rows, verify, positions = [], [], []
     for i, p in enumerate(prompts, 1):
         row = run_prompt(cfg, target, draft, p["prompt"])
         verify.append(row.pop("verify_ms"))
+        positions += row.pop("by_position")
         rows.append({"category": p["category"], "question_id": p["question_id"], **row})
         say(
             f"[{i}/{len(prompts)}] {p['category']} #{p['question_id']}: ×{row['speedup_vs_plain']:.2f} vs plain, "
-            f"×{row['ratio_vs_hf']:.2f} vs HF, acceptance {row['acceptance_rate']:.0%}, "
+            f"{_ratio(row['ratio_vs_hf'])} vs HF, acceptance {row['acceptance_rate']:.0%}, "
             f"identical {row['identical_plain']}/{row['identical_hf']}"
         )
     df = pd.DataFrame(rows)
-    write_results(cfg, df, verify, target)
+    write_results(cfg, df, verify, positions, target, draft.kind)
     return df
 
 
@@ -219,6 +226,8 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     agg = {
         "prompts": ("question_id", "count"),
         "acceptance_rate": ("acceptance_rate", "mean"),
+        "alpha": ("alpha", "mean"),
+        "draft_cost": ("draft_cost", "mean"),
         "tokens_per_step": ("tokens_per_step", "mean"),
         "tps_speclens": ("tps_speclens", "mean"),
         "tps_plain": ("tps_plain", "mean"),
@@ -235,16 +244,32 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown(table: pd.DataFrame) -> str:
-    head = "| category | prompts | acceptance | tokens/round | tok/s SpecLens | tok/s plain | tok/s HF | speedup vs plain | predicted | vs HF | tracing overhead | identical |"
-    rule = "|" + "---|" * 12
+    head = "| category | prompts | acceptance | α | c | tokens/round | tok/s SpecLens | tok/s plain | tok/s HF | speedup vs plain | predicted | vs HF | tracing overhead | identical |"
+    rule = "|" + "---|" * 14
     lines = [head, rule]
     for r in table.itertuples():
+        hf = "—" if math.isnan(r.tps_hf) else f"{r.tps_hf:.1f}"
         lines.append(
-            f"| {r.category} | {r.prompts} | {r.acceptance_rate:.0%} | {r.tokens_per_step:.2f} | {r.tps_speclens:.1f} "
-            f"| {r.tps_plain:.1f} | {r.tps_hf:.1f} | ×{r.speedup_vs_plain:.2f} | ×{r.predicted_speedup:.2f} "
-            f"| ×{r.ratio_vs_hf:.2f} | {r.tracing_overhead:+.1%} | {'✓' if r.identical else '✗'} |"
+            f"| {r.category} | {r.prompts} | {r.acceptance_rate:.0%} | {r.alpha:.2f} | {r.draft_cost:.3f} "
+            f"| {r.tokens_per_step:.2f} | {r.tps_speclens:.1f} | {r.tps_plain:.1f} | {hf} | ×{r.speedup_vs_plain:.2f} "
+            f"| ×{r.predicted_speedup:.2f} | {_ratio(r.ratio_vs_hf)} | {r.tracing_overhead:+.1%} "
+            f"| {'✓' if r.identical else '✗'} |"
         )
     return "\n".join(lines)
+
+
+def _ratio(x: float) -> str:
+    return "—" if math.isnan(x) else f"×{x:.2f}"
+
+
+def position_acceptance(positions: list[tuple[int, int, int]]) -> list[float]:
+    """Acceptance at each draft position (reached rounds only), pooled over prompts."""
+    reached: dict[int, int] = {}
+    accepted: dict[int, int] = {}
+    for j, r, a in positions:
+        reached[j] = reached.get(j, 0) + r
+        accepted[j] = accepted.get(j, 0) + a
+    return [round(accepted[j] / reached[j], 4) for j in sorted(reached)]
 
 
 def verify_ratios(verify: list[dict[int, float]]) -> dict[int, float]:
@@ -258,7 +283,12 @@ def verify_ratios(verify: list[dict[int, float]]) -> dict[int, float]:
 
 
 def write_results(
-    cfg: BenchConfig, df: pd.DataFrame, verify: list[dict[int, float]], target: LoadedModel
+    cfg: BenchConfig,
+    df: pd.DataFrame,
+    verify: list[dict[int, float]],
+    positions: list[tuple[int, int, int]],
+    target: LoadedModel,
+    draft_kind: str,
 ) -> None:
     cfg.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(cfg.out / "results.csv", index=False, columns=CSV_COLUMNS)
@@ -274,6 +304,7 @@ def write_results(
         "versions": library_versions(),
         "plain_ms_per_token": float(df["tps_plain"].rdiv(1000).mean()),
         "verify_cost_ratio": verify_ratios(verify),
+        "acceptance_by_position": position_acceptance(positions),
     }
     (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
     settings = (
@@ -283,7 +314,12 @@ def write_results(
         f"{meta['machine']}, {meta['date'][:10]}"
     )
     ratio = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in meta["verify_cost_ratio"].items())
-    text = f"{settings}\n\n`{meta['command']}`\n\n{markdown(table)}\n\nVerify cost: {ratio}.\n"
+    by_pos = ", ".join(f"{a:.2f}" for a in meta["acceptance_by_position"])
+    notes = f"Verify cost: {ratio}. Acceptance by draft position: {by_pos}. "
+    notes += "α: accepted ÷ judged draft tokens; c: draft time per token ÷ a plain target step."
+    if draft_kind == "head":
+        notes += " Hugging Face has no head drafting: its column is empty."
+    text = f"{settings}\n\n`{meta['command']}`\n\n{markdown(table)}\n\n{notes}\n"
     (cfg.out / "summary.md").write_text(text)
 
 
