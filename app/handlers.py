@@ -53,6 +53,7 @@ MAX_TRACE_BYTES = 20_000_000  # a 2,048-token run with every list filled is well
 TIME_LIMIT_S = float(os.environ.get("SPECLENS_TIME_LIMIT_S", "180"))
 DRAFT_SOURCES = {
     "n-gram (prompt lookup)": "ngram",
+    "trained draft head (EAGLE-3)": "head",
     "first N layers of the target": "layers",
     "separate draft model": "model",
 }
@@ -121,7 +122,7 @@ def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
             raise SpecLensError("choose a draft model: a smaller model with the target's tokenizer")
         check_allowed(name)
         return name
-    return "ngram"
+    return kind
 
 
 def layer_range(target: str, n_layers: float):

@@ -21,6 +21,12 @@ MODEL = {"concurrency_limit": 1, "concurrency_id": "model"}  # one model-bound r
 # A pair sets everything it names: target, draft source, N, and the draft model.
 PAIRS = {
     "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", 10, None),
+    "SmolLM2-135M · trained draft head (offline)": (
+        "smollm2-135m",
+        "trained draft head (EAGLE-3)",
+        10,
+        None,
+    ),
     "SmolLM2-135M · its first 10 layers (offline)": (
         "smollm2-135m",
         "first N layers of the target",

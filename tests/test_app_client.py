@@ -64,6 +64,7 @@ def test_generate_returns_trace_figures_and_downloads(client):
 
 def test_every_draft_source_and_sampling(client):
     for over in (
+        {"source": "trained draft head (EAGLE-3)", "k": 3},
         {"source": "first N layers of the target", "n_layers": 12, "k": 2},
         {"source": "separate draft model", "policy": "confidence", "k": 6},
         {"temperature": 0.8, "top_p": 0.9, "seed": 3, "policy": "heuristic", "compare": False},
@@ -81,6 +82,7 @@ def test_every_draft_source_and_sampling(client):
         ({"target": "someone/some-model"}, "not reachable"),
         ({"source": "first N layers of the target", "n_layers": 40}, "greater than maximum value 29"),
         ({"source": "separate draft model", "draft_model": "nonsense"}, "unknown model"),
+        ({"source": "trained draft head (EAGLE-3)", "target": "gemma3-270m"}, "no trained head ships"),
         ({"prompt": "word " * 9000}, "context"),
     ],
 )
