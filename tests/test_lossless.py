@@ -113,9 +113,9 @@ def test_model_draft_never_reruns_seen_tokens(tiny_target, tiny_draft):
 def test_smollm2_greedy_is_lossless(smol, specbench):
     """The real offline model, Spec-Bench prompts, every draft source."""
     cases = [
-        ("summarization", "ngram", range(1, 9)),
+        ("summarization", "ngram", (1, 3, 8)),
         ("rag", "ngram", (2, 5)),
-        ("math_reasoning", "layers:22", range(1, 9)),
+        ("math_reasoning", "layers:22", (2, 5, 8)),
         ("qa", "smollm2-135m", (3,)),
     ]
     from decoding.drafts import build_draft

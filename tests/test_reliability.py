@@ -21,7 +21,8 @@ from decoding.trace import Trace
 
 pytestmark = pytest.mark.slow
 ARTIFACTS = Path(os.environ.get("SPECLENS_ARTIFACTS", ROOT / "artifacts"))
-SESSIONS = 16
+# CI runs 8 sessions; scripts or a bigger machine can ask for more.
+SESSIONS = int(os.environ.get("SPECLENS_LOAD_SESSIONS", "8"))
 
 
 def record(name: str, figures: dict) -> None:
@@ -81,7 +82,7 @@ def one_session(url: str, i: int) -> list[dict]:
     return done
 
 
-def test_sixteen_sessions_at_once_each_get_their_own_results(live_app):
+def test_many_sessions_at_once_each_get_their_own_results(live_app):
     start = time.monotonic()
     with ThreadPoolExecutor(SESSIONS) as pool:
         results = [r for rs in pool.map(lambda i: one_session(live_app, i), range(SESSIONS)) for r in rs]
