@@ -248,7 +248,7 @@ class FeatureTap:
 
     def take(self) -> torch.Tensor:
         """Every row tapped since the last take, as [n, 3 × hidden]."""
-        rows = self.local.rows
+        rows = getattr(self.local, "rows", None)
         if not rows:
             return torch.empty(0)
         feats = torch.cat([torch.cat(rows[i], dim=0) for i in self.layers], dim=-1)
@@ -257,7 +257,7 @@ class FeatureTap:
 
     def crop(self, keep: int) -> None:
         """Keep only the first `keep` untaken rows (the rest were refused)."""
-        rows = self.local.rows or {}
+        rows = getattr(self.local, "rows", None) or {}
         for i, parts in rows.items():
             rows[i] = [torch.cat(parts, dim=0)[:keep]]
 
@@ -273,11 +273,13 @@ class HeadDraft(Draft):
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.tap = FeatureTap.on(target, head.c.aux_layers)
         self.name = name
-        self.reset()
-
-    def reset(self) -> None:
         self.cache = HeadCache()
         self.fed = 0  # target positions the head has read (its cache's real rows)
+
+    def reset(self) -> None:
+        # The tap records in the thread that decodes, from here until finish().
+        self.cache = HeadCache()
+        self.fed = 0
         self.tap.start()
 
     def finish(self) -> None:
