@@ -10,7 +10,6 @@ import contextlib
 import functools
 import logging
 import os
-import queue
 import shutil
 import tempfile
 import threading
@@ -24,7 +23,7 @@ from decoding import costmodel, engines
 from decoding.budget import RunBudget
 from decoding.errors import SpecLensError
 from decoding.models import check_allowed, layer_count
-from decoding.runner import RunConfig, compare_with_plain, generate
+from decoding.runner import RunConfig, compare_with_plain, iter_generate
 from decoding.sweep import sweep
 from decoding.trace import Trace, agreement, validate
 from decoding.verify import Sampling
@@ -203,18 +202,6 @@ def trace_views(trace: Trace) -> list:
     ]
 
 
-def _decode_in_thread(config: RunConfig, steps: queue.Queue, budget: RunBudget) -> None:
-    """Run the decoder beside the UI thread; its rounds and its end arrive on `steps`."""
-
-    def work():
-        try:
-            steps.put(("done", generate(config, lambda step, trace: steps.put(("step", trace)), budget)))
-        except BaseException as exc:  # handed to the UI thread, which reports it
-            steps.put(("error", exc))
-
-    threading.Thread(target=work, daemon=True).start()
-
-
 EXPLORE_OUTPUTS = 12  # timeline, text, cards, 4 charts, 2 downloads, trace state, round slider, sentence
 
 
@@ -254,24 +241,12 @@ def run_explore(
             seed,
             max_new,
         )
-        steps: queue.Queue = queue.Queue()
-        _decode_in_thread(config, steps, budget)
-        last_yield, trace = 0.0, None
-        try:
-            while trace is None:
-                kind, item = steps.get()
-                if kind == "error" and not isinstance(item, Exception):  # SystemExit and its kind
-                    raise SpecLensError(f"the decoder stopped ({type(item).__name__}); run it again")
-                if kind == "error":
-                    raise item
-                if kind == "done":
-                    trace = item
-                elif time.perf_counter() - last_yield > 0.15:  # the browser needs no more than this
-                    last_yield = time.perf_counter()
-                    yield [timeline_html(item), "…", *rest]
-        finally:
-            if trace is None:  # the page went away (or the run failed): free the model for others
-                budget.stop("stopped: the page was closed")
+        last_yield = 0.0
+        # Rounds run as the page asks for them: when it goes away Gradio stops asking and the run ends.
+        for trace in iter_generate(config, budget):
+            if time.perf_counter() - last_yield > 0.15:  # the browser needs no more than this
+                last_yield = time.perf_counter()
+                yield [timeline_html(trace), "…", *rest]
         if compare and "stopped" not in trace.meta:
             yield [timeline_html(trace), trace.output.text + "\n\n(decoding plainly to compare…)", *rest]
             compare_with_plain(trace, config, budget)

@@ -30,7 +30,7 @@ from .errors import SpecLensError
 from .models import LoadedModel, load_model
 from .policies import make_policy
 from .runner import encode_prompt, eos_ids, library_versions, token_texts
-from .speculative import Clock, autoregressive_generate, speculative_generate
+from .speculative import Clock, autoregressive_generate, speculative_generate, untraced_generate
 from .trace import Trace
 from .verify import Sampling
 
@@ -147,13 +147,10 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
     eos = eos_ids(target)
     text = token_texts(target.tokenizer)
 
-    def speculative(record: bool) -> Trace:
-        policy = make_policy(cfg.policy, cfg.k)
-        return speculative_generate(
-            target.model, ids, draft, policy, sampling, cfg.max_new_tokens, eos, text, record=record
-        )
+    def policy():
+        return make_policy(cfg.policy, cfg.k)
 
-    a = speculative(record=True)
+    a = speculative_generate(target.model, ids, draft, policy(), sampling, cfg.max_new_tokens, eos, text)
     b = autoregressive_generate(target.model, ids, sampling, cfg.max_new_tokens, eos)
     # Hugging Face has no head drafting, and its assisted generation is greedy here.
     c_ids, c_wall = (
@@ -161,7 +158,7 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
         if sampling.greedy and draft.kind != "head"
         else (None, 0.0)
     )
-    d = speculative(record=False)
+    d = untraced_generate(target.model, ids, draft, policy(), sampling, cfg.max_new_tokens, eos)
 
     n = len(a.output.token_ids)
     tps_a, tps_b, tps_d = a.totals["tokens_per_s"], _tps(len(b.token_ids), b.wall_s), d.totals["tokens_per_s"]

@@ -7,6 +7,7 @@ is told after each round how much of the sequence is still valid.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -68,8 +69,9 @@ class Draft(ABC):
     def rollback(self, length: int) -> None:
         """Only the first `length` tokens of what was seen are still valid."""
 
-    def finish(self) -> None:
-        """The sequence is over: let go of what only it needed."""
+    def watching_target(self) -> contextlib.AbstractContextManager:
+        """The loop runs each target pass inside this: a head draft reads the target's features there."""
+        return contextlib.nullcontext()
 
 
 def empty_proposal(device: torch.device) -> Proposal:

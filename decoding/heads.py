@@ -12,9 +12,11 @@ for a supported target loads too. Training lives in decoding/train_head.py.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,12 +210,13 @@ class EagleHead(nn.Module):
 
 
 class FeatureTap:
-    """Keeps the inputs of the head's three target layers while a head draft runs.
+    """Forward pre-hooks on the head's three target layers, installed once per model.
 
-    Forward pre-hooks see only the rows the target computes in that pass (the
-    prompt at prefill, the k+1 rows of a round later), so nothing is kept for
-    the whole sequence. Per thread: the app runs several sessions' decoders
-    on one shared model at once.
+    They keep only the rows the target computes in that pass (the prompt at
+    prefill, the k+1 rows of a round later), so nothing is kept for the
+    whole sequence, and only into the rows of the draft whose `recording`
+    block runs on that thread: the app runs several sessions' decoders on
+    one shared model at once, and a run's rounds may hop between threads.
     """
 
     def __init__(self, target: nn.Module, layers: tuple[int, ...]) -> None:
@@ -240,26 +243,22 @@ class FeatureTap:
 
         return hook
 
-    def start(self) -> None:
-        self.local.rows = {}
+    @contextlib.contextmanager
+    def recording(self, rows: dict[int, list[torch.Tensor]]) -> Iterator[None]:
+        """Target passes run in this block, on this thread, add their rows to `rows`."""
+        self.local.rows = rows
+        try:
+            yield
+        finally:
+            self.local.rows = None
 
-    def stop(self) -> None:
-        self.local.rows = None
-
-    def take(self) -> torch.Tensor:
-        """Every row tapped since the last take, as [n, 3 × hidden]."""
-        rows = getattr(self.local, "rows", None)
+    def take(self, rows: dict[int, list[torch.Tensor]]) -> torch.Tensor:
+        """Every row in `rows`, as [n, 3 × hidden], and `rows` emptied."""
         if not rows:
             return torch.empty(0)
         feats = torch.cat([torch.cat(rows[i], dim=0) for i in self.layers], dim=-1)
-        self.local.rows = {}
+        rows.clear()
         return feats
-
-    def crop(self, keep: int) -> None:
-        """Keep only the first `keep` untaken rows (the rest were refused)."""
-        rows = getattr(self.local, "rows", None) or {}
-        for i, parts in rows.items():
-            rows[i] = [torch.cat(parts, dim=0)[:keep]]
 
 
 class HeadDraft(Draft):
@@ -275,19 +274,19 @@ class HeadDraft(Draft):
         self.name = name
         self.cache = HeadCache()
         self.fed = 0  # target positions the head has read (its cache's real rows)
+        self.rows: dict[int, list[torch.Tensor]] = {}  # tapped from the target, not yet read
 
     def reset(self) -> None:
-        # The tap records in the thread that decodes, from here until finish().
         self.cache = HeadCache()
         self.fed = 0
-        self.tap.start()
+        self.rows = {}
 
-    def finish(self) -> None:
-        self.tap.stop()
+    def watching_target(self) -> contextlib.AbstractContextManager:
+        return self.tap.recording(self.rows)
 
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator, min_confidence=None):
-        feats = self.tap.take()
+        feats = self.tap.take(self.rows)
         n = feats.shape[0]
         if n == 0 or self.fed + n != seq.shape[1] - 1:
             return empty_proposal(seq.device)  # the features do not line up: draft nothing
@@ -333,7 +332,9 @@ class HeadDraft(Draft):
         # Only the rows the target read from its own features are real; the
         # drafted rows go. Of the tapped rows, those past `length` were refused.
         self.cache.crop(self.fed)
-        self.tap.crop(length - self.fed)
+        keep = length - self.fed
+        for i, parts in self.rows.items():
+            self.rows[i] = [torch.cat(parts, dim=0)[:keep]]
 
 
 # --- files -----------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -15,7 +15,7 @@ from .drafts import Draft, build_draft
 from .errors import SpecLensError
 from .models import LoadedModel, load_model, public_name, public_source
 from .policies import make_policy
-from .speculative import StepCallback, StopCheck, autoregressive_generate, speculative_generate
+from .speculative import StopCheck, autoregressive_generate, iter_trace
 from .trace import Baseline, Trace
 from .verify import Sampling
 
@@ -110,13 +110,13 @@ def _target_and_prompt(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
     return target, prompt_ids
 
 
-def generate(
-    config: RunConfig, on_step: StepCallback | None = None, should_stop: StopCheck | None = None
-) -> Trace:
-    """Load (once), decode speculatively, optionally decode plainly too, and trace it all.
+def iter_generate(config: RunConfig, should_stop: StopCheck | None = None) -> Iterator[Trace]:
+    """Load (once), then decode speculatively: the trace after each round, and
+    the finished one last (output text set, compared with plain decoding when
+    `config.baseline` asks and the run was not stopped).
 
-    A run that `should_stop` ends early keeps its rounds, says why in
-    `meta["stopped"]`, and is not compared with plain decoding.
+    A run that `should_stop` ends early keeps its rounds and says why in
+    `meta["stopped"]`.
     """
     policy = make_policy(config.policy, config.k, config.confidence)
     target, prompt_ids = _target_and_prompt(config)
@@ -124,23 +124,31 @@ def generate(
     if draft is None:
         raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
     text = token_texts(target.tokenizer)
-    eos = eos_ids(target)
-    trace = speculative_generate(
+    meta = _meta(config, target, draft, policy.describe(), prompt_ids[0].tolist(), text)
+    rounds = iter_trace(
         target.model,
         prompt_ids,
         draft,
         policy,
         config.sampling,
         config.max_new_tokens,
-        eos,
+        eos_ids(target),
         text,
-        on_step,
-        meta=_meta(config, target, draft, policy.describe(), prompt_ids[0].tolist(), text),
-        should_stop=should_stop,
+        meta,
+        should_stop,
     )
+    for trace in rounds:
+        yield trace
     trace.output.text = target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
     if config.baseline and "stopped" not in trace.meta:
         compare_with_plain(trace, config, should_stop)
+    yield trace
+
+
+def generate(config: RunConfig, should_stop: StopCheck | None = None) -> Trace:
+    """`iter_generate` to the end: the finished trace."""
+    for trace in iter_generate(config, should_stop):  # noqa: B007 - the last one is the finished trace
+        pass
     return trace
 
 

@@ -1,13 +1,19 @@
 """The speculative loop and the plain autoregressive baseline.
 
-Both keep the same invariant: the target's KV cache holds every token of
-`seq` but the last, which is fed at the start of the next forward pass.
+Read top to bottom: `speculative_round` is one round (draft, check in one
+target pass, keep the agreed prefix), `iter_rounds` runs rounds until the
+text ends, `iter_trace` records each round into a Trace as it comes, and
+`speculative_generate` runs one to the end. Both loops keep the same
+invariant: the target's KV cache holds every token of `seq` but the last,
+which is fed at the start of the next forward pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -18,8 +24,7 @@ from .policies import Policy
 from .trace import DraftToken, Emitted, Step, TopToken, Trace, Verdict, totals_from_counts, verdict_kind
 from .verify import Sampling, Verification, verify_greedy, verify_sampling, warp
 
-StepCallback = Callable[[Step, Trace], None]
-# Asked before every round (and every plain token): a reason to stop now, or None.
+# Asked after every round (and before every plain token): a reason to stop now, or None.
 StopCheck = Callable[[], str | None]
 
 
@@ -42,11 +47,154 @@ class Clock:
         return time.perf_counter()
 
 
-def _prefill(target: torch.nn.Module, prompt_ids: torch.Tensor):
+@dataclass
+class Decoder:
+    """What every round of one run shares."""
+
+    target: torch.nn.Module
+    draft: Draft
+    sampling: Sampling
+    generator: torch.Generator
+    eos: set[int]
+    clock: Clock
+
+
+class RoundResult(NamedTuple):
+    """One round as the loop saw it; the verdict's tensors are still on the device."""
+
+    proposal: Proposal
+    verdict: Verification
+    new_tokens: list[int]  # what the round added to the output
+    emitted: int | None  # the target's own token; None when an accepted EOS ended the text
+    finished: bool  # the text ended (EOS) in this round
+    draft_s: float
+    verify_s: float
+    round_s: float
+    elapsed_s: float = 0.0  # decoding time since the start, prefill included; the consumer's is not
+
+
+def _prefill(target: torch.nn.Module, prompt_ids: torch.Tensor, draft: Draft | None = None):
     cache = new_cache(target)
     if prompt_ids.shape[1] > 1:
-        forward(target, prompt_ids[:, :-1], cache, keep=1)
+        with draft.watching_target() if draft else contextlib.nullcontext():
+            forward(target, prompt_ids[:, :-1], cache, keep=1)
     return cache
+
+
+def speculative_round(
+    dec: Decoder, cache, seq: torch.Tensor, k: int, min_confidence: float | None = None
+) -> RoundResult:
+    """Draft up to k tokens after `seq`, check them all in one target pass, keep the agreed prefix
+    and the target's own next token. Afterwards the target's cache and the draft's hold exactly
+    `seq` plus the accepted drafts."""
+    t0 = dec.clock()
+    proposal = dec.draft.propose(seq, k, dec.sampling, dec.generator, min_confidence) if k > 0 else None
+    proposal = _cut_after_eos(proposal or empty_proposal(seq.device), dec.eos)
+    t1 = dec.clock()
+    candidates = torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
+    with dec.draft.watching_target():
+        logits = forward(dec.target, candidates, cache)
+    verdict = _verify(logits, proposal, dec.sampling, dec.generator)
+    t2 = dec.clock()
+
+    n = verdict.n_accepted
+    kept = proposal.tokens[:n].tolist()
+    emitted = int(verdict.emitted)
+    ended_in_draft = bool(dec.eos & set(kept))  # an accepted EOS: no token after it
+    crop(cache, seq.shape[1] + n)
+    dec.draft.rollback(seq.shape[1] + n)
+    return RoundResult(
+        proposal,
+        verdict,
+        kept if ended_in_draft else [*kept, emitted],
+        None if ended_in_draft else emitted,
+        ended_in_draft or emitted in dec.eos,
+        t1 - t0,
+        t2 - t1,
+        dec.clock() - t0,
+    )
+
+
+def iter_rounds(
+    target: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    draft: Draft,
+    policy: Policy,
+    sampling: Sampling = Sampling(),
+    max_new_tokens: int = 128,
+    eos_ids: Collection[int] = (),
+) -> Iterator[RoundResult]:
+    """Prefill, then round after round until EOS or `max_new_tokens`.
+
+    `prompt_ids` is [1, n] on the target's device. Time the consumer spends
+    between rounds is left out of `elapsed_s`: a UI that draws each round
+    does not slow the figures down. Closing the generator ends the run.
+    """
+    device = prompt_ids.device
+    clock = Clock(device)
+    generator = torch.Generator(device=device).manual_seed(sampling.seed)
+    dec = Decoder(target, draft, sampling, generator, set(eos_ids), clock)
+    start, away = clock(), 0.0
+    draft.reset()  # before the prefill: a head draft reads the target's prefill features
+    cache = _prefill(target, prompt_ids, draft)
+    seq, produced = prompt_ids, 0
+    while produced < max_new_tokens:
+        # Leave room for the token the target adds, so a round never overshoots.
+        k = min(policy.next_k(), max_new_tokens - produced - 1)
+        r = speculative_round(dec, cache, seq, k, policy.min_confidence)
+        policy.update(r.verdict.n_accepted, len(r.proposal))
+        seq = torch.cat([seq, torch.tensor([r.new_tokens], device=device)], dim=1)
+        produced += len(r.new_tokens)
+        left = clock()
+        yield r._replace(elapsed_s=left - start - away)
+        away += clock() - left
+        if r.finished:
+            return
+
+
+def iter_trace(
+    target: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    draft: Draft,
+    policy: Policy,
+    sampling: Sampling = Sampling(),
+    max_new_tokens: int = 128,
+    eos_ids: Collection[int] = (),
+    token_text: Callable[[int], str] = str,
+    meta: dict | None = None,
+    should_stop: StopCheck | None = None,
+) -> Iterator[Trace]:
+    """The run as a Trace that grows by one Step per round: yielded after each
+    round, and once more when finished (totals set), so the last one is whole.
+
+    `should_stop` is asked after every round; a reason it gives ends the run
+    there, recorded as `meta["stopped"]`, with the rounds so far intact.
+    """
+    trace = Trace(meta=dict(meta or {}))
+    wall = recording = 0.0
+    reason = should_stop() if should_stop is not None else None
+    if not reason:
+        for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
+            t = time.perf_counter()
+            step = record_round(r, token_text)
+            spent = time.perf_counter() - t  # what tracing costs counts in the figures
+            step.draft_ms, step.verify_ms, step.step_ms = (
+                r.draft_s * 1e3,
+                r.verify_s * 1e3,
+                (r.round_s + spent) * 1e3,
+            )
+            recording += spent
+            wall = r.elapsed_s + recording
+            trace.steps.append(step)
+            trace.output.token_ids.extend(r.new_tokens)
+            yield trace
+            if should_stop is not None and (reason := should_stop()):
+                break
+    if reason:
+        trace.meta["stopped"] = reason
+    trace.compute_totals(wall)
+    trace.totals["prefill_ms"] = (wall - sum(s.step_ms for s in trace.steps) / 1e3) * 1e3
+    yield trace
 
 
 def speculative_generate(
@@ -58,80 +206,36 @@ def speculative_generate(
     max_new_tokens: int = 128,
     eos_ids: Collection[int] = (),
     token_text: Callable[[int], str] = str,
-    on_step: StepCallback | None = None,
     meta: dict | None = None,
-    record: bool = True,
     should_stop: StopCheck | None = None,
 ) -> Trace:
-    """Draft, verify, repeat; returns the full Trace of the run.
+    """Draft, verify, repeat to the end; returns the full Trace of the run (see `iter_trace`)."""
+    for trace in iter_trace(  # noqa: B007 - the last one yielded is the finished trace
+        target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids, token_text, meta, should_stop
+    ):
+        pass
+    return trace
 
-    `prompt_ids` is [1, n] on the target's device. `on_step` is called after
-    every round with the new Step and the trace so far (for live UIs).
-    `should_stop` is asked before every round; a reason it gives ends the run
-    there, recorded as `meta["stopped"]`, with the rounds so far intact.
-    With `record=False` nothing per round is kept or timed, only the totals:
-    the benchmark uses it to measure what tracing costs.
-    """
-    device = prompt_ids.device
-    clock = Clock(device)
-    generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    eos = set(eos_ids)
-    trace = Trace(meta=dict(meta or {}))
+
+def untraced_generate(
+    target: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    draft: Draft,
+    policy: Policy,
+    sampling: Sampling = Sampling(),
+    max_new_tokens: int = 128,
+    eos_ids: Collection[int] = (),
+) -> Trace:
+    """The same rounds with nothing recorded but the totals: the benchmark's measure of what
+    tracing costs."""
     output: list[int] = []
-
-    start = clock()
-    draft.reset()  # before the prefill: a head draft reads the target's prefill features
-    try:
-        cache = _prefill(target, prompt_ids)
-        seq = prompt_ids
-        finished = False
-        rounds = proposed = accepted = 0
-        while not finished and len(output) < max_new_tokens:
-            if should_stop is not None and (reason := should_stop()):
-                trace.meta["stopped"] = reason
-                break
-            t0 = clock() if record else 0.0
-            # Leave room for the token the target adds, so a round never overshoots.
-            k = min(policy.next_k(), max_new_tokens - len(output) - 1)
-            proposal = draft.propose(seq, k, sampling, generator, policy.min_confidence) if k > 0 else None
-            proposal = _cut_after_eos(proposal or empty_proposal(device), eos)
-            t1 = clock() if record else 0.0
-            candidates = torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
-            logits = forward(target, candidates, cache)
-            verdict = _verify(logits, proposal, sampling, generator)
-            t2 = clock() if record else 0.0
-
-            n = verdict.n_accepted
-            kept = proposal.tokens[:n].tolist()
-            emitted = int(verdict.emitted)
-            ended_in_draft = bool(eos & set(kept))  # an accepted EOS: no bonus after it
-            new = kept if ended_in_draft else [*kept, emitted]
-            finished = ended_in_draft or emitted in eos
-            crop(cache, seq.shape[1] + n)
-            draft.rollback(seq.shape[1] + n)
-            seq = torch.cat([seq, torch.tensor([new], device=device)], dim=1)
-            output.extend(new)
-            policy.update(n, len(proposal))
-            if not record:
-                rounds, proposed, accepted = rounds + 1, proposed + len(proposal), accepted + n
-                continue
-
-            step = _record(proposal, verdict, None if ended_in_draft else emitted, token_text)
-            step.draft_ms, step.verify_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
-            step.step_ms = (clock() - t0) * 1e3
-            trace.steps.append(step)
-            if on_step is not None:
-                on_step(step, trace)
-    finally:
-        draft.finish()
-
-    wall = clock() - start
+    wall, rounds, proposed, accepted = 0.0, 0, 0, 0
+    for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
+        output += r.new_tokens
+        wall, rounds = r.elapsed_s, rounds + 1
+        proposed, accepted = proposed + len(r.proposal), accepted + r.verdict.n_accepted
+    trace = Trace(meta={}, totals=totals_from_counts(rounds, len(output), proposed, accepted, wall))
     trace.output.token_ids = output
-    if not record:
-        trace.totals = totals_from_counts(rounds, len(output), proposed, accepted, wall)
-        return trace
-    trace.compute_totals(wall)
-    trace.totals["prefill_ms"] = (trace.totals["wall_s"] - sum(s.step_ms for s in trace.steps) / 1e3) * 1e3
     return trace
 
 
@@ -154,9 +258,9 @@ def _verify(
     return verify_sampling(warp(logits, sampling), proposal.tokens, proposal.dists, generator)
 
 
-def _record(
-    proposal: Proposal, v: Verification, emitted: int | None, token_text: Callable[[int], str]
-) -> Step:
+def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Step:
+    """The Trace's view of a round: every draft token, its verdict, and where the round turned."""
+    proposal, v, emitted = r.proposal, r.verdict, r.emitted
     ids = proposal.tokens.tolist()
     n = v.n_accepted
     # Past the first refused token nothing was judged: the target scored those

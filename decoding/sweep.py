@@ -50,7 +50,7 @@ def sweep(
     for i, k in enumerate(ks):
         if progress:
             progress(i, len(ks))
-        trace = generate(dataclasses.replace(config, k=k, policy="fixed", baseline=False), None, should_stop)
+        trace = generate(dataclasses.replace(config, k=k, policy="fixed", baseline=False), should_stop)
         if "stopped" in trace.meta:  # a k measured on part of the text compares with nothing
             if not traces:
                 raise RunStopped(f"{trace.meta['stopped']} before the first k finished")

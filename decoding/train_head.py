@@ -130,10 +130,10 @@ def extract_features(
     for ids in tqdm(sequences, desc="features", unit="seq"):
         ids = ids[-cfg.max_len :]
         x = torch.tensor([ids], device=target.device)
-        tap.start()
-        final = target.model.model(input_ids=x).last_hidden_state[0]
-        aux = tap.take()
-        tap.stop()
+        rows: dict = {}
+        with tap.recording(rows):
+            final = target.model.model(input_ids=x).last_hidden_state[0]
+        aux = tap.take(rows)
         data.append({"ids": x[0].cpu(), "aux": aux.half().cpu(), "final": final.half().cpu()})
     return data
 

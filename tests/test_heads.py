@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from decoding.heads import (
     load_head,
 )
 from decoding.policies import make_policy
-from decoding.speculative import autoregressive_generate, speculative_generate
+from decoding.speculative import autoregressive_generate, iter_trace, speculative_generate
 from decoding.trace import check_invariants
 from decoding.verify import Sampling
 
@@ -124,10 +125,10 @@ def test_drafts_equal_a_fresh_recomputation(tiny_target):
     seq = ids[0].tolist()
     for step in trace.steps:
         x = torch.tensor([seq])
-        tap.start()
-        tiny_target(input_ids=x[:, :-1], cache=new_cache(tiny_target))
-        feats = tap.take()
-        tap.stop()
+        rows: dict = {}
+        with tap.recording(rows):
+            tiny_target(input_ids=x[:, :-1], cache=new_cache(tiny_target))
+        feats = tap.take(rows)
         cache = HeadCache()
         out = head.step(embed(x[0, 1:]), head.fc(feats), cache)[-1:]
         expected = []
@@ -138,6 +139,43 @@ def test_drafts_equal_a_fresh_recomputation(tiny_target):
         assert [d.id for d in step.draft] == expected
         seq += [d.id for d in step.draft[: step.n_accepted]]
         seq += [step.emitted.id] if step.emitted else []
+
+
+def test_rounds_may_hop_threads_and_runs_may_interleave(tiny_target):
+    """Gradio asks a generator for each item from whichever worker thread is free,
+    and serves several sessions on one model: the head's features must follow its run."""
+    head = random_head(tiny_target, list(range(0, 64, 2)), std=0.2)
+    prompts = [torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])]
+
+    def run(ids):
+        return iter_trace(
+            tiny_target, ids, HeadDraft(head, tiny_target, "h"), make_policy("fixed", 3), max_new_tokens=30
+        )
+
+    alone = [
+        [
+            s.draft
+            for s in speculative_generate(
+                tiny_target,
+                ids,
+                HeadDraft(head, tiny_target, "h"),
+                make_policy("fixed", 3),
+                max_new_tokens=30,
+            ).steps
+        ]
+        for ids in prompts
+    ]
+    runs = [run(ids) for ids in prompts]
+    last: list = [None, None]
+    live = [0, 1]
+    while live:
+        for i in list(live):
+            with ThreadPoolExecutor(1) as pool:  # a new thread for every item
+                try:
+                    last[i] = pool.submit(next, runs[i]).result()
+                except StopIteration:
+                    live.remove(i)
+    assert [[s.draft for s in t.steps] for t in last] == alone
 
 
 def test_drafts_only_from_the_draft_vocabulary(tiny_target):

@@ -11,7 +11,7 @@ import torch
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
 from decoding.errors import TraceError
 from decoding.policies import make_policy
-from decoding.speculative import speculative_generate
+from decoding.speculative import speculative_generate, untraced_generate
 from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, Trace, check_invariants, validate
 from decoding.verify import Sampling
 
@@ -161,13 +161,10 @@ def test_loading_garbage_is_a_clear_error(text):
 def test_untraced_run_has_the_same_output_and_totals(tiny_target):
     prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9]])
     for draft in (NGramDraft(), ModelDraft(tiny_target, 64, "self")):
-        runs = [
-            speculative_generate(
-                tiny_target, prompt, draft, make_policy("heuristic", 3), max_new_tokens=40, record=r
-            )
-            for r in (True, False)
-        ]
-        traced, bare = runs
+        traced = speculative_generate(
+            tiny_target, prompt, draft, make_policy("heuristic", 3), max_new_tokens=40
+        )
+        bare = untraced_generate(tiny_target, prompt, draft, make_policy("heuristic", 3), max_new_tokens=40)
         assert bare.steps == [] and bare.output.token_ids == traced.output.token_ids
         for key in ("steps", "new_tokens", "proposed", "accepted", "acceptance_rate", "tokens_per_step"):
             assert bare.totals[key] == traced.totals[key], key
