@@ -36,7 +36,7 @@ from visualize.charts import (
     theory_figure,
     trace_figures,
 )
-from visualize.explain import explain_step_markdown
+from visualize.explain import explain_round_markdown
 from visualize.simulate import simulate_trace
 from visualize.timeline import empty_timeline_html, timeline_html
 
@@ -252,14 +252,14 @@ def run_explore(
             compare_with_plain(trace, config, budget)
         if "stopped" in trace.meta:
             gr.Warning(
-                f"{trace.meta['stopped'].capitalize()}: showing the {len(trace.steps)} rounds before that."
+                f"{trace.meta['stopped'].capitalize()}: showing the {len(trace.rounds)} rounds before that."
             )
         yield [
             *trace_views(trace),
             *save_downloads(trace),
             trace.to_dict(),
-            round_slider(len(trace.steps)),
-            explain_step_markdown(trace.steps[0], 0) if trace.steps else "",
+            round_slider(len(trace.rounds)),
+            explain_round_markdown(trace.rounds[0], 0) if trace.rounds else "",
         ]
 
 
@@ -272,10 +272,10 @@ def explain_round(trace_dict: dict | None, round_no: float):
     if not trace_dict:
         return empty_timeline_html(), "Run a prompt first."
     trace = Trace.from_dict(trace_dict)
-    if not trace.steps:
+    if not trace.rounds:
         return timeline_html(trace), "This run has no rounds."
-    i = min(max(int(round_no), 1), len(trace.steps)) - 1
-    return timeline_html(trace, selected=i), explain_step_markdown(trace.steps[i], i)
+    i = min(max(int(round_no), 1), len(trace.rounds)) - 1
+    return timeline_html(trace, selected=i), explain_round_markdown(trace.rounds[i], i)
 
 
 @gpu
@@ -359,13 +359,13 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float):
 
 def run_simulation(alpha: float, gamma: float, rounds: float, seed: float, delay_s: float = 0.5):
     trace = simulate_trace(float(alpha), int(gamma), int(rounds), int(seed))
-    for i in range(len(trace.steps)):
-        yield timeline_html(trace, upto=i + 1, selected=i), explain_step_markdown(trace.steps[i], i)
+    for i in range(len(trace.rounds)):
+        yield timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(trace.rounds[i], i)
         time.sleep(delay_s)
     t = trace.totals
     yield (
         timeline_html(trace),
-        f"{t['steps']} rounds gave {t['new_tokens']} tokens: {t['tokens_per_step']:.2f} per round "
+        f"{t.rounds} rounds gave {t.new_tokens} tokens: {t.tokens_per_round:.2f} per round "
         f"(the formula expects {costmodel.expected_tokens(float(alpha), int(gamma)):.2f}).",
     )
 
@@ -387,7 +387,7 @@ def load_replay(upload: str | None, example: str | None):
         except (OSError, UnicodeDecodeError) as exc:
             raise SpecLensError(f"cannot read that file: {exc}") from None
         validate(trace)
-        n = len(trace.steps)
+        n = len(trace.rounds)
         if n == 0:
             raise SpecLensError("that trace has no rounds to replay")
         return (
@@ -400,8 +400,8 @@ def load_replay(upload: str | None, example: str | None):
 
 
 def replay_views(trace: Trace, round_no: int) -> tuple[str, str]:
-    i = min(max(round_no, 1), len(trace.steps)) - 1
-    return timeline_html(trace, upto=i + 1, selected=i), explain_step_markdown(trace.steps[i], i)
+    i = min(max(round_no, 1), len(trace.rounds)) - 1
+    return timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(trace.rounds[i], i)
 
 
 def replay_step(trace_dict: dict | None, round_no: float):

@@ -42,7 +42,7 @@ CSV_COLUMNS = [
     "acceptance_rate",
     "alpha",
     "draft_cost",
-    "tokens_per_step",
+    "tokens_per_round",
     "tps_speclens",
     "tps_plain",
     "tps_hf",
@@ -136,8 +136,8 @@ def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
     alpha = costmodel.estimate_alpha(trace)
     t_draft = costmodel.draft_ms_per_token(trace)
     verify = costmodel.verify_cost_ms([trace])
-    tokens = sum(costmodel.expected_tokens(alpha, s.k) for s in trace.steps)
-    cost = sum(s.k * t_draft + verify[s.k + 1] for s in trace.steps)
+    tokens = sum(costmodel.expected_tokens(alpha, s.k) for s in trace.rounds)
+    cost = sum(s.k * t_draft + verify[s.k + 1] for s in trace.rounds)
     return tokens * t_target_ms / cost if cost else 0.0
 
 
@@ -161,16 +161,16 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
     d = untraced_generate(target.model, ids, draft, policy(), sampling, cfg.max_new_tokens, eos)
 
     n = len(a.output.token_ids)
-    tps_a, tps_b, tps_d = a.totals["tokens_per_s"], _tps(len(b.token_ids), b.wall_s), d.totals["tokens_per_s"]
+    tps_a, tps_b, tps_d = a.totals.tokens_per_s, _tps(len(b.token_ids), b.wall_s), d.totals.tokens_per_s
     tps_c = _tps(len(c_ids), c_wall) if c_ids is not None else math.nan
     t_target_ms = costmodel.steady_ms_per_token(b.token_times_s) or b.wall_s * 1e3
     return {
         "prompt_tokens": ids.shape[1],
         "new_tokens": n,
-        "acceptance_rate": a.totals["acceptance_rate"],
+        "acceptance_rate": a.totals.acceptance_rate,
         "alpha": costmodel.estimate_alpha(a),
         "draft_cost": costmodel.draft_ms_per_token(a) / t_target_ms,
-        "tokens_per_step": a.totals["tokens_per_step"],
+        "tokens_per_round": a.totals.tokens_per_round,
         "tps_speclens": tps_a,
         "tps_plain": tps_b,
         "tps_hf": tps_c,
@@ -225,7 +225,7 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
         "acceptance_rate": ("acceptance_rate", "mean"),
         "alpha": ("alpha", "mean"),
         "draft_cost": ("draft_cost", "mean"),
-        "tokens_per_step": ("tokens_per_step", "mean"),
+        "tokens_per_round": ("tokens_per_round", "mean"),
         "tps_speclens": ("tps_speclens", "mean"),
         "tps_plain": ("tps_plain", "mean"),
         "tps_hf": ("tps_hf", "mean"),
@@ -248,7 +248,7 @@ def markdown(table: pd.DataFrame) -> str:
         hf = "—" if math.isnan(r.tps_hf) else f"{r.tps_hf:.1f}"
         lines.append(
             f"| {r.category} | {r.prompts} | {r.acceptance_rate:.0%} | {r.alpha:.2f} | {r.draft_cost:.3f} "
-            f"| {r.tokens_per_step:.2f} | {r.tps_speclens:.1f} | {r.tps_plain:.1f} | {hf} | ×{r.speedup_vs_plain:.2f} "
+            f"| {r.tokens_per_round:.2f} | {r.tps_speclens:.1f} | {r.tps_plain:.1f} | {hf} | ×{r.speedup_vs_plain:.2f} "
             f"| ×{r.predicted_speedup:.2f} | {_ratio(r.ratio_vs_hf)} | {r.tracing_overhead:+.1%} "
             f"| {'✓' if r.identical else '✗'} |"
         )

@@ -280,13 +280,13 @@ def summary(trace) -> str:
         "",
         f"target {m['target']} | draft {m['draft']} | policy {m['policy']['name']} k={m['policy']['k']}"
         f" | {m['device']} {m['dtype']}",
-        f"{t['new_tokens']} tokens in {t['steps']} rounds: acceptance {t['acceptance_rate']:.1%} "
-        f"({t['accepted']}/{t['proposed']}), {t['tokens_per_step']:.2f} tokens/round, "
-        f"{t['tokens_per_s']:.1f} tokens/s",
+        f"{t.new_tokens} tokens in {t.rounds} rounds: acceptance {t.acceptance_rate:.1%} "
+        f"({t.accepted}/{t.proposed}), {t.tokens_per_round:.2f} tokens/round, "
+        f"{t.tokens_per_s:.1f} tokens/s",
     ]
     if trace.baseline is not None:
         lines.append(
-            f"plain decoding {t['baseline_tokens_per_s']:.1f} tokens/s: speedup x{t['speedup']:.2f}, "
+            f"plain decoding {t.baseline_tokens_per_s:.1f} tokens/s: speedup x{t.speedup:.2f}, "
             f"{agreement(trace).sentence}"
         )
     if "stopped" in m:

@@ -40,7 +40,7 @@ def estimate_alpha(*traces: Trace) -> float:
     + rejections). (`totals.acceptance_rate`, accepted / proposed, is lower
     by construction: positions after a rejection count as proposed.)
     """
-    steps = [s for t in traces for s in t.steps]
+    steps = [s for t in traces for s in t.rounds]
     accepted = sum(s.n_accepted for s in steps)
     rejections = sum(1 for s in steps if s.n_accepted < s.k)
     return accepted / (accepted + rejections) if accepted + rejections else 0.0
@@ -50,14 +50,14 @@ def verify_cost_ms(traces: Sequence[Trace]) -> dict[int, float]:
     """Mean verify time by the number of tokens checked (k + 1), over rounds of all traces."""
     times: dict[int, list[float]] = defaultdict(list)
     for trace in traces:
-        for s in trace.steps:
+        for s in trace.rounds:
             times[s.k + 1].append(s.verify_ms)
     return {n: sum(v) / len(v) for n, v in sorted(times.items())}
 
 
 def draft_ms_per_token(trace: Trace) -> float:
-    proposed = sum(s.k for s in trace.steps)
-    return sum(s.draft_ms for s in trace.steps) / proposed if proposed else 0.0
+    proposed = sum(s.k for s in trace.rounds)
+    return sum(s.draft_ms for s in trace.rounds) / proposed if proposed else 0.0
 
 
 def steady_ms_per_token(token_times_s: Sequence[float]) -> float | None:
@@ -76,7 +76,7 @@ def acceptance_by_position(trace: Trace) -> list[tuple[int, int, int]]:
     reached when every earlier draft token of the round was accepted."""
     reached: dict[int, int] = defaultdict(int)
     accepted: dict[int, int] = defaultdict(int)
-    for s in trace.steps:
+    for s in trace.rounds:
         for j in range(min(s.k, s.n_accepted + 1)):
             reached[j] += 1
             accepted[j] += j < s.n_accepted

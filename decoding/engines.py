@@ -228,14 +228,14 @@ def snapshot_of(traces: Iterable) -> Snapshot:
     s = Snapshot("speclens")
     per_pos: list[float] = []
     for trace in traces:
-        for step in trace.steps:
-            if step.k == 0:
+        for rnd in trace.rounds:
+            if rnd.k == 0:
                 continue
             s.num_drafts += 1
-            s.num_draft_tokens += step.k
-            s.num_accepted_tokens += step.n_accepted
-            per_pos += [0.0] * (step.k - len(per_pos))
-            for i in range(step.n_accepted):
+            s.num_draft_tokens += rnd.k
+            s.num_accepted_tokens += rnd.n_accepted
+            per_pos += [0.0] * (rnd.k - len(per_pos))
+            for i in range(rnd.n_accepted):
                 per_pos[i] += 1
     s.per_pos = per_pos
     return s

@@ -21,7 +21,7 @@ import torch
 from .drafts import TOP_N, Draft, Proposal, empty_proposal
 from .forward import crop, forward, new_cache
 from .policies import Policy
-from .trace import DraftToken, Emitted, Step, TopToken, Trace, Verdict, totals_from_counts, verdict_kind
+from .trace import DraftToken, Emitted, Round, TopToken, Totals, Trace, Verdict, verdict_kind
 from .verify import Sampling, Verification, verify_greedy, verify_sampling, warp
 
 # Asked after every round (and before every plain token): a reason to stop now, or None.
@@ -164,7 +164,7 @@ def iter_trace(
     meta: dict | None = None,
     should_stop: StopCheck | None = None,
 ) -> Iterator[Trace]:
-    """The run as a Trace that grows by one Step per round: yielded after each
+    """The run as a Trace that grows by one Round per round: yielded after each
     round, and once more when finished (totals set), so the last one is whole.
 
     `should_stop` is asked after every round; a reason it gives ends the run
@@ -176,24 +176,23 @@ def iter_trace(
     if not reason:
         for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
             t = time.perf_counter()
-            step = record_round(r, token_text)
+            rnd = record_round(r, token_text)
             spent = time.perf_counter() - t  # what tracing costs counts in the figures
-            step.draft_ms, step.verify_ms, step.step_ms = (
+            rnd.draft_ms, rnd.verify_ms, rnd.round_ms = (
                 r.draft_s * 1e3,
                 r.verify_s * 1e3,
                 (r.round_s + spent) * 1e3,
             )
             recording += spent
             wall = r.elapsed_s + recording
-            trace.steps.append(step)
+            trace.rounds.append(rnd)
             trace.output.token_ids.extend(r.new_tokens)
             yield trace
             if should_stop is not None and (reason := should_stop()):
                 break
     if reason:
         trace.meta["stopped"] = reason
-    trace.compute_totals(wall)
-    trace.totals["prefill_ms"] = (wall - sum(s.step_ms for s in trace.steps) / 1e3) * 1e3
+    trace.finish(wall)
     yield trace
 
 
@@ -234,7 +233,7 @@ def untraced_generate(
         output += r.new_tokens
         wall, rounds = r.elapsed_s, rounds + 1
         proposed, accepted = proposed + len(r.proposal), accepted + r.verdict.n_accepted
-    trace = Trace(meta={}, totals=totals_from_counts(rounds, len(output), proposed, accepted, wall))
+    trace = Trace(meta={}, totals=Totals.of_counts(rounds, len(output), proposed, accepted, wall))
     trace.output.token_ids = output
     return trace
 
@@ -258,7 +257,7 @@ def _verify(
     return verify_sampling(warp(logits, sampling), proposal.tokens, proposal.dists, generator)
 
 
-def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Step:
+def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
     """The Trace's view of a round: every draft token, its verdict, and where the round turned."""
     proposal, v, emitted = r.proposal, r.verdict, r.emitted
     ids = proposal.tokens.tolist()
@@ -271,7 +270,7 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Step:
     judged = range(min(n + 1, len(ids)))
     verdicts = [Verdict(p[j], accept_prob[j], u[j] if u else None, j < n, verdict_kind(j, n)) for j in judged]
     verdicts += [Verdict(None, None, None, False, "discarded") for _ in range(n + 1, len(ids))]
-    return Step(
+    return Round(
         k=len(ids),
         draft=[DraftToken(t, token_text(t), qi) for t, qi in zip(ids, proposal.q.tolist())],
         verdicts=verdicts,
@@ -283,7 +282,7 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Step:
         ),
         draft_ms=0.0,
         verify_ms=0.0,
-        step_ms=0.0,
+        round_ms=0.0,
         target_top=_top_of(v.dist, token_text),
         # The draft's favourites at the refused position; a bonus position has none.
         draft_top=None

@@ -19,7 +19,7 @@ SWEEP_COLUMNS = [
     "k",
     "acceptance_rate",
     "alpha",
-    "tokens_per_step",
+    "tokens_per_round",
     "tokens_per_s",
     "baseline_tokens_per_s",
     "speedup",
@@ -81,17 +81,17 @@ def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:
         rows.append(
             {
                 "k": k,
-                "acceptance_rate": t["acceptance_rate"],
+                "acceptance_rate": t.acceptance_rate,
                 "alpha": costmodel.estimate_alpha(trace),
-                "tokens_per_step": t["tokens_per_step"],
-                "tokens_per_s": t["tokens_per_s"],
-                "baseline_tokens_per_s": t.get("baseline_tokens_per_s"),
-                "speedup": t.get("speedup"),
+                "tokens_per_round": t.tokens_per_round,
+                "tokens_per_s": t.tokens_per_s,
+                "baseline_tokens_per_s": t.baseline_tokens_per_s,
+                "speedup": t.speedup,
                 "predicted_leviathan": costmodel.expected_speedup(alpha, k, t_draft / t_target),
                 "predicted_measured": costmodel.expected_speedup_measured(alpha, k, t_target, t_draft, v),
                 "draft_ms_per_token": t_draft,
                 "verify_ms": v,
-                "identical_to_baseline": t.get("identical_to_baseline"),
+                "identical_to_baseline": t.identical_to_baseline,
             }
         )
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,8 @@ from .errors import TraceError
 
 TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bonus")
 # 1: verdicts without `kind`, discarded tokens carried numbers. 2: kinds, top-5 lists, n-gram matches.
-TRACE_VERSION = 2
+# 3: "rounds" (not "steps"), `round_ms`, totals with `rounds` and `tokens_per_round`.
+TRACE_VERSION = 3
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Match:
 
 
 @dataclass
-class Step:
+class Round:
     k: int
     draft: list[DraftToken]
     verdicts: list[Verdict]
@@ -75,7 +76,7 @@ class Step:
     emitted: Emitted | None
     draft_ms: float
     verify_ms: float
-    step_ms: float
+    round_ms: float  # the whole round: drafting, checking and recording it
     # What a reader wants where the round turned: the distributions at the
     # position of the emitted token (the first refused draft position, or the
     # bonus position). None when not recorded (simulations, version-1 traces).
@@ -118,10 +119,75 @@ class Baseline:
 
 
 @dataclass
+class Totals:
+    """A run's figures, all computed here from its rounds and its decoding time."""
+
+    rounds: int = 0
+    new_tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    acceptance_rate: float = 0.0  # accepted / proposed
+    tokens_per_round: float = 0.0
+    wall_s: float = 0.0  # decoding time, prefill included; loading and drawing are not
+    tokens_per_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_ms: float = 0.0
+    # Set when the run is compared with plain decoding of the same prompt.
+    baseline_tokens_per_s: float | None = None
+    speedup: float | None = None
+    identical_to_baseline: bool | None = None
+
+    @classmethod
+    def of_counts(
+        cls, rounds: int, new_tokens: int, proposed: int, accepted: int, wall_s: float, **times: float
+    ) -> Totals:
+        return cls(
+            rounds=rounds,
+            new_tokens=new_tokens,
+            proposed=proposed,
+            accepted=accepted,
+            acceptance_rate=accepted / proposed if proposed else 0.0,
+            tokens_per_round=new_tokens / rounds if rounds else 0.0,
+            wall_s=wall_s,
+            tokens_per_s=new_tokens / wall_s if wall_s > 0 else 0.0,
+            **times,
+        )
+
+    @classmethod
+    def of_rounds(cls, rounds: list[Round], wall_s: float) -> Totals:
+        """Whatever the rounds did not time (the prefill, mostly) is the prefill."""
+        return cls.of_counts(
+            len(rounds),
+            sum(r.new_tokens for r in rounds),
+            sum(r.k for r in rounds),
+            sum(r.n_accepted for r in rounds),
+            wall_s,
+            draft_s=sum(r.draft_ms for r in rounds) / 1e3,
+            verify_s=sum(r.verify_ms for r in rounds) / 1e3,
+            prefill_ms=max(0.0, wall_s * 1e3 - sum(r.round_ms for r in rounds)),
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Totals:
+        """Checked field by field; fields this version does not know are left out."""
+        known = {f.name for f in fields(cls)}
+        data = {key: value for key, value in data.items() if key in known}
+        for key, value in data.items():
+            ok = isinstance(value, bool) if key == "identical_to_baseline" else _is_num(value)
+            if not (ok or (value is None and key in OPTIONAL_TOTALS)):
+                raise TraceError(f"totals.{key} must be a number, got {value!r}")
+        return cls(**data)
+
+
+OPTIONAL_TOTALS = ("baseline_tokens_per_s", "speedup", "identical_to_baseline")
+
+
+@dataclass
 class Trace:
     meta: dict[str, Any]
-    steps: list[Step] = field(default_factory=list)
-    totals: dict[str, Any] = field(default_factory=dict)
+    rounds: list[Round] = field(default_factory=list)
+    totals: Totals = field(default_factory=Totals)
     output: Output = field(default_factory=lambda: Output("", []))
     baseline: Baseline | None = None
     version: int = TRACE_VERSION
@@ -129,41 +195,34 @@ class Trace:
     # -- derived views -------------------------------------------------------
 
     def emitted_ids(self) -> list[int]:
-        """The output token ids, rebuilt from the steps (accepted, then emitted)."""
+        """The output token ids, rebuilt from the rounds (accepted, then emitted)."""
         ids: list[int] = []
-        for step in self.steps:
-            ids.extend(t.id for t in step.draft[: step.n_accepted])
-            if step.emitted is not None:
-                ids.append(step.emitted.id)
+        for r in self.rounds:
+            ids.extend(t.id for t in r.draft[: r.n_accepted])
+            if r.emitted is not None:
+                ids.append(r.emitted.id)
         return ids
 
     def token_times_s(self) -> list[float]:
         """When each output token was ready, in seconds from the start (prefill included)."""
-        t = self.totals.get("prefill_ms", 0.0) / 1e3
+        t = self.totals.prefill_ms / 1e3
         times: list[float] = []
-        for step in self.steps:
-            t += step.step_ms / 1e3
-            times.extend([t] * step.new_tokens)
+        for r in self.rounds:
+            t += r.round_ms / 1e3
+            times.extend([t] * r.new_tokens)
         return times
 
-    def compute_totals(self, wall_s: float) -> dict[str, Any]:
-        self.totals = totals_from_counts(
-            steps=len(self.steps),
-            new_tokens=sum(s.new_tokens for s in self.steps),
-            proposed=sum(s.k for s in self.steps),
-            accepted=sum(s.n_accepted for s in self.steps),
-            wall_s=wall_s,
-        )
-        self.totals["draft_s"] = sum(s.draft_ms for s in self.steps) / 1000
-        self.totals["verify_s"] = sum(s.verify_ms for s in self.steps) / 1000
+    def finish(self, wall_s: float) -> Totals:
+        """Set the totals from the rounds and the run's decoding time."""
+        self.totals = Totals.of_rounds(self.rounds, wall_s)
         return self.totals
 
     def attach_baseline(self, baseline: Baseline) -> None:
         self.baseline = baseline
-        tps = self.totals.get("tokens_per_s", 0.0)
-        self.totals["baseline_tokens_per_s"] = baseline.tokens_per_s
-        self.totals["speedup"] = tps / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
-        self.totals["identical_to_baseline"] = baseline.token_ids == self.output.token_ids
+        t = self.totals
+        t.baseline_tokens_per_s = baseline.tokens_per_s
+        t.speedup = t.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
+        t.identical_to_baseline = baseline.token_ids == self.output.token_ids
 
     # -- serialisation -------------------------------------------------------
 
@@ -178,16 +237,20 @@ class Trace:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trace:
-        """Build a trace from its JSON form; version-1 traces are migrated on the way."""
+        """Build a trace from its JSON form; older versions are migrated on the way."""
         try:
             version = data.get("version", 1)
             if not isinstance(version, int) or not 1 <= version <= TRACE_VERSION:
                 raise TraceError(f"not a SpecLens trace: unknown version {version!r}")
+            if version < 3:
+                data = _rounds_not_steps(data)
             baseline = data.get("baseline")
+            rounds = [_round_from_dict(r) for r in data["rounds"]]
+            totals = data.get("totals")
             return cls(
                 meta=dict(data["meta"]),
-                steps=[_step_from_dict(s) for s in data["steps"]],
-                totals=dict(data.get("totals") or {}),
+                rounds=rounds,
+                totals=Totals.from_dict(totals) if totals else Totals.of_rounds(rounds, 0.0),
                 output=Output(**data["output"]),
                 baseline=Baseline(**baseline) if baseline else None,
             )
@@ -217,28 +280,27 @@ class Trace:
         return pd.DataFrame(token_events(self), columns=EVENT_COLUMNS)
 
 
-def totals_from_counts(
-    steps: int, new_tokens: int, proposed: int, accepted: int, wall_s: float
-) -> dict[str, Any]:
-    return {
-        "steps": steps,
-        "new_tokens": new_tokens,
-        "proposed": proposed,
-        "accepted": accepted,
-        "acceptance_rate": accepted / proposed if proposed else 0.0,
-        "tokens_per_step": new_tokens / steps if steps else 0.0,
-        "wall_s": wall_s,
-        "tokens_per_s": new_tokens / wall_s if wall_s > 0 else 0.0,
-    }
+def _rounds_not_steps(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 or 2 trace in today's words: its steps were rounds."""
+
+    def renamed(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+        return {names.get(key, key): value for key, value in d.items()}
+
+    data = dict(data)
+    data["rounds"] = [renamed(r, {"step_ms": "round_ms"}) for r in data.pop("steps")]
+    data["totals"] = renamed(
+        data.get("totals") or {}, {"steps": "rounds", "tokens_per_step": "tokens_per_round"}
+    )
+    return data
 
 
 def _tops(rows: list[dict] | None) -> list[TopToken] | None:
     return None if rows is None else [TopToken(**r) for r in rows]
 
 
-def _step_from_dict(s: dict[str, Any]) -> Step:
+def _round_from_dict(s: dict[str, Any]) -> Round:
     emitted, match = s.get("emitted"), s.get("match")
-    return Step(
+    return Round(
         k=s["k"],
         draft=[DraftToken(**t) for t in s["draft"]],
         verdicts=[Verdict(**v) for v in s["verdicts"]],
@@ -246,7 +308,7 @@ def _step_from_dict(s: dict[str, Any]) -> Step:
         emitted=Emitted(**emitted) if emitted else None,
         draft_ms=s["draft_ms"],
         verify_ms=s["verify_ms"],
-        step_ms=s["step_ms"],
+        round_ms=s["round_ms"],
         target_top=_tops(s.get("target_top")),
         draft_top=_tops(s.get("draft_top")),
         residual_top=_tops(s.get("residual_top")),
@@ -255,7 +317,7 @@ def _step_from_dict(s: dict[str, Any]) -> Step:
 
 
 EVENT_COLUMNS = [
-    "step",
+    "round",
     "position",
     "kind",
     "token_id",
@@ -278,12 +340,12 @@ def token_events(trace: Trace) -> list[dict[str, Any]]:
     """
     rows: list[dict[str, Any]] = []
     out = 0
-    for i, step in enumerate(trace.steps):
-        for j, (tok, v) in enumerate(zip(step.draft, step.verdicts)):
+    for i, r in enumerate(trace.rounds):
+        for j, (tok, v) in enumerate(zip(r.draft, r.verdicts)):
             kept = v.kind == "accepted"
             rows.append(
                 {
-                    "step": i,
+                    "round": i,
                     "position": j,
                     "kind": v.kind,
                     "token_id": tok.id,
@@ -296,12 +358,12 @@ def token_events(trace: Trace) -> list[dict[str, Any]]:
                 }
             )
             out += kept
-        if step.emitted is not None:
-            e = step.emitted
+        if r.emitted is not None:
+            e = r.emitted
             rows.append(
                 {
-                    "step": i,
-                    "position": step.n_accepted,
+                    "round": i,
+                    "position": r.n_accepted,
                     "kind": e.kind,
                     "token_id": e.id,
                     "text": e.text,
@@ -331,22 +393,20 @@ def validate(trace: Trace) -> None:
     if problem:
         raise TraceError(problem)
     sampled = not trace.meta.get("sampling", {}).get("greedy", True)
-    for i, s in enumerate(trace.steps):
-        problem = _step_problem(s, i == len(trace.steps) - 1, sampled)
+    for i, s in enumerate(trace.rounds):
+        problem = _round_problem(s, i == len(trace.rounds) - 1, sampled)
         if problem:
             raise TraceError(f"round {i + 1}: {problem}")
     if trace.emitted_ids() != trace.output.token_ids:
         raise TraceError("the rounds do not rebuild the output tokens")
-    t = trace.totals
-    if t:
-        for key, value in (
-            ("steps", len(trace.steps)),
-            ("new_tokens", len(trace.output.token_ids)),
-            ("proposed", sum(s.k for s in trace.steps)),
-            ("accepted", sum(s.n_accepted for s in trace.steps)),
-        ):
-            if t.get(key) != value:
-                raise TraceError(f"totals.{key} is {t.get(key)!r} but the rounds give {value}")
+    for key, value in (
+        ("rounds", len(trace.rounds)),
+        ("new_tokens", len(trace.output.token_ids)),
+        ("proposed", sum(r.k for r in trace.rounds)),
+        ("accepted", sum(r.n_accepted for r in trace.rounds)),
+    ):
+        if getattr(trace.totals, key) != value:
+            raise TraceError(f"totals.{key} is {getattr(trace.totals, key)!r} but the rounds give {value}")
 
 
 def _is_int(x: Any) -> bool:
@@ -385,10 +445,6 @@ def _parts_problem(trace: Trace) -> str | None:
     out, base = trace.output, trace.baseline
     if not isinstance(out.text, str) or not _is_ids(out.token_ids):
         return "output needs a text and a list of whole-number token ids"
-    if not isinstance(trace.totals, dict) or not all(
-        isinstance(v, bool) or _is_num(v) for v in trace.totals.values()
-    ):
-        return "totals must be an object of numbers"
     if base is not None and not (
         isinstance(base.text, str)
         and _is_ids(base.token_ids)
@@ -409,11 +465,11 @@ def _is_prob(x: Any) -> bool:
     return _is_num(x) and -1e-4 <= x <= 1 + 1e-4
 
 
-def _step_problem(s: Step, is_last: bool, sampled: bool) -> str | None:
+def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
     if not _is_int(s.k) or not _is_int(s.n_accepted):
         return "k and n_accepted must be whole numbers"
-    if not all(_is_num(t) and t >= 0 for t in (s.draft_ms, s.verify_ms, s.step_ms)):
-        return "draft_ms, verify_ms and step_ms must be numbers of milliseconds"
+    if not all(_is_num(t) and t >= 0 for t in (s.draft_ms, s.verify_ms, s.round_ms)):
+        return "draft_ms, verify_ms and round_ms must be numbers of milliseconds"
     for name in ("target_top", "draft_top", "residual_top"):
         top = getattr(s, name)
         if top is not None and not all(

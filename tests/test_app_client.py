@@ -51,14 +51,14 @@ def test_generate_returns_trace_figures_and_downloads(client):
     trace = Trace.load(json_path)
     check_invariants(trace)
     assert trace.meta["prompt"] == PROMPT and trace.meta["draft"] == "ngram"
-    assert trace.totals["identical_to_baseline"] is True and trace.totals["speedup"] > 0
+    assert trace.totals.identical_to_baseline is True and trace.totals.speedup > 0
     assert text == trace.output.text and text.strip()
-    assert timeline.count("data-step=") == len(trace.steps)
+    assert timeline.count("data-step=") == len(trace.rounds)
     assert "identical to plain decoding" in cards
     assert len(figs) == 4 and all(figure_json(f)["data"] for f in figs)
     header = Path(csv_path).read_text().splitlines()[0]
     assert header.startswith("step,position,kind,token_id")
-    assert round_update["maximum"] == len(trace.steps)
+    assert round_update["maximum"] == len(trace.rounds)
     assert sentence.startswith("Round 1: the draft")
 
 
@@ -90,7 +90,7 @@ def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
     with pytest.raises(Exception, match=message):
         client.predict(**generate_args(**over), api_name="/generate")
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
-    assert Trace.load(json_path).totals["new_tokens"] == 4
+    assert Trace.load(json_path).totals.new_tokens == 4
 
 
 def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
@@ -103,8 +103,8 @@ def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
     trace = Trace.load(json_path)
     check_invariants(trace)
     assert trace.meta["stopped"].startswith("stopped at the 0 s time limit")
-    assert 1 <= len(trace.steps) < 20 and "speedup" not in trace.totals  # no comparison after a stop
-    assert "time limit" in cards and timeline.count("data-step=") == len(trace.steps)
+    assert 1 <= len(trace.rounds) < 20 and trace.totals.speedup is None  # no comparison after a stop
+    assert "time limit" in cards and timeline.count("data-step=") == len(trace.rounds)
 
 
 def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeypatch):
@@ -121,7 +121,7 @@ def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeyp
     monkeypatch.setattr(runner, "load_model", slow_load)
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=8, compare=False), api_name="/generate")
     trace = Trace.load(json_path)
-    assert "stopped" not in trace.meta and trace.totals["new_tokens"] == 8
+    assert "stopped" not in trace.meta and trace.totals.new_tokens == 8
 
 
 def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(client):
@@ -133,9 +133,9 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
     *_, json_path, _, _, _ = job.result(timeout=120)
     trace = Trace.load(json_path)
     check_invariants(trace)
-    assert trace.meta["stopped"] == "stopped by the user" and 0 < trace.totals["new_tokens"] < 400
+    assert trace.meta["stopped"] == "stopped by the user" and 0 < trace.totals.new_tokens < 400
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
-    assert Trace.load(json_path).totals["new_tokens"] == 4
+    assert Trace.load(json_path).totals.new_tokens == 4
 
 
 def test_the_sweep_has_the_same_budget(client, monkeypatch):
@@ -192,7 +192,7 @@ def test_theory_and_simulate(client):
 def test_replay_examples_and_upload(client):
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
     round_update, timeline, sentence, cards, *figs = client.predict(None, example.stem, api_name="/replay")
-    n = len(Trace.load(example).steps)
+    n = len(Trace.load(example).rounds)
     assert round_update["maximum"] == n and sentence.startswith("Round 1:")
     assert timeline.count("data-step=") == 1 and len(figs) == 4
     _, timeline, sentence, *_ = client.predict(handle_file(str(example)), None, api_name="/replay")
@@ -204,9 +204,9 @@ def test_replay_examples_and_upload(client):
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d["steps"][0].update(n_accepted=7), "round 1: n_accepted 7 is outside"),
+        (lambda d: d["rounds"][0].update(n_accepted=7), "round 1: n_accepted 7 is outside"),
         (lambda d: d["output"].update(token_ids=[1, 2]), "do not rebuild the output"),
-        (lambda d: d.update(steps="x"), "not a SpecLens trace"),
+        (lambda d: d.update(rounds="x"), "not a SpecLens trace"),
     ],
 )
 def test_a_corrupt_upload_is_refused_naming_its_first_problem(client, tmp_path, mutate, message):

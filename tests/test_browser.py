@@ -75,15 +75,15 @@ def test_explore_run_timeline_charts_and_download(page):
     trace = Trace.load(path)
     check_invariants(trace)
 
-    kinds = {"accepted"} if any(s.n_accepted for s in trace.steps) else set()
-    kinds |= {"rejected"} if any(s.n_accepted < s.k for s in trace.steps) else set()
-    kinds |= {s.emitted.kind for s in trace.steps if s.emitted}
+    kinds = {"accepted"} if any(s.n_accepted for s in trace.rounds) else set()
+    kinds |= {"rejected"} if any(s.n_accepted < s.k for s in trace.rounds) else set()
+    kinds |= {s.emitted.kind for s in trace.rounds if s.emitted}
     for kind in kinds | {"prompt"}:
         chip = page.locator(f"#timeline .sl-rounds .sl-tok.sl-{kind}").first
         assert chip.is_visible(), kind
         colour = chip.evaluate("e => getComputedStyle(e).backgroundColor")
         assert colour not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)"), (kind, colour)
-    assert page.locator("#timeline [data-step]").count() == len(trace.steps)
+    assert page.locator("#timeline [data-step]").count() == len(trace.rounds)
     if "rejected" in kinds:
         struck = page.locator("#timeline .sl-rounds .sl-tok.sl-rejected").first
         assert "line-through" in struck.evaluate("e => getComputedStyle(e).textDecorationLine")
@@ -164,10 +164,10 @@ def test_stop_a_long_run_then_run_again(page):
 
 
 def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
-    from decoding.trace import DraftToken, Emitted, Output, Step, Verdict
+    from decoding.trace import DraftToken, Emitted, Output, Round, Verdict
 
     hostile = ["<img src=x>", "**bold**"]
-    step = Step(
+    step = Round(
         2,
         [DraftToken(1, hostile[0], 0.9), DraftToken(2, hostile[1], 0.8)],
         [Verdict(0.9, 1.0, None, True), Verdict(0.1, 0.0, None, False)],
@@ -177,9 +177,9 @@ def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
         1.0,
         2.0,
     )
-    trace = Trace(meta={"prompt": "<i>hi</i>", "sampling": {"greedy": True}}, steps=[step])
+    trace = Trace(meta={"prompt": "<i>hi</i>", "sampling": {"greedy": True}}, rounds=[step])
     trace.output = Output("x", [1, 3])
-    trace.compute_totals(0.01)
+    trace.finish(0.01)
     path = tmp_path / "hostile.json"
     trace.save(path)
 

@@ -27,14 +27,14 @@ def test_generate_end_to_end_subprocess(tmp_path, smol):
     assert done.returncode == 0, done.stderr
     assert "tokens/round" in done.stdout and "speedup" in done.stdout
     data = json.loads(out.read_text())
-    assert set(data) >= {"meta", "steps", "totals", "output", "baseline"}
-    for key in ["new_tokens", "steps", "proposed", "accepted", "acceptance_rate", "tokens_per_step"]:
+    assert set(data) >= {"meta", "rounds", "totals", "output", "baseline"}
+    for key in ["new_tokens", "rounds", "proposed", "accepted", "acceptance_rate", "tokens_per_round"]:
         assert key in data["totals"]
     for key in ["wall_s", "tokens_per_s", "speedup", "identical_to_baseline"]:
         assert key in data["totals"]
     assert data["totals"]["identical_to_baseline"] is True
     assert set(data["baseline"]) >= {"text", "token_ids", "wall_s", "tokens_per_s"}
-    step = data["steps"][1]
+    step = data["rounds"][1]
     assert set(step) >= {
         "k",
         "draft",
@@ -43,12 +43,12 @@ def test_generate_end_to_end_subprocess(tmp_path, smol):
         "emitted",
         "draft_ms",
         "verify_ms",
-        "step_ms",
+        "round_ms",
     }
     assert set(data["meta"]) >= {"target", "draft_kind", "draft", "device", "dtype", "policy", "sampling"}
     assert data["meta"]["prompt_tokens"] > 10
     assert len(data["meta"]["prompt_token_texts"]) == data["meta"]["prompt_tokens"]
-    assert data["version"] == 2 and {v["kind"] for s in data["steps"] for v in s["verdicts"]} <= {
+    assert data["version"] == 3 and {v["kind"] for s in data["rounds"] for v in s["verdicts"]} <= {
         "accepted",
         "rejected",
         "discarded",
@@ -105,7 +105,7 @@ def test_generate_in_process(tmp_path, capsys, smol, extra):
     assert code == 0, capsys.readouterr().err
     trace = Trace.load(out)
     check_invariants(trace)
-    assert trace.totals["new_tokens"] == len(trace.output.token_ids) <= 12
+    assert trace.totals.new_tokens == len(trace.output.token_ids) <= 12
     assert trace.output.text in capsys.readouterr().out
 
 
@@ -225,9 +225,9 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
     assert data["bandwidth_gbs"] > 0 and data["peak_gflops"] > 0 and data["machine"]
     for n in ("1", "2", "3", "5", "9", "17"):
         row = data[n]
-        assert set(row) == {"step_ms", "verify_ratio", "limit_ms"}
-        assert row["step_ms"] > 0 and row["limit_ms"] > 0
-        assert row["verify_ratio"] == pytest.approx(row["step_ms"] / data["1"]["step_ms"], rel=0.01)
+        assert set(row) == {"round_ms", "verify_ratio", "limit_ms"}
+        assert row["round_ms"] > 0 and row["limit_ms"] > 0
+        assert row["verify_ratio"] == pytest.approx(row["round_ms"] / data["1"]["round_ms"], rel=0.01)
     # The limit is the larger of streaming the weights and doing the arithmetic.
     assert (
         data["17"]["limit_ms"]

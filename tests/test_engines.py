@@ -185,10 +185,10 @@ def test_speclenss_own_export_reads_back_with_the_same_figures(tiny_target, tmp_
     page.write_text(engines.metrics_page(ours))
     assert "speclens:spec_decode_num_drafts_total" in page.read_text()
     back = engines.summary(engines.read(str(page)))
-    drafted = [s for s in trace.steps if s.k]
+    drafted = [s for s in trace.rounds if s.k]
     assert back["engine"] == "speclens" and back["num_drafts"] == len(drafted)
-    assert back["num_accepted_tokens"] == trace.totals["accepted"]
-    assert back["acceptance_rate"] == pytest.approx(trace.totals["acceptance_rate"])
+    assert back["num_accepted_tokens"] == trace.totals.accepted
+    assert back["acceptance_rate"] == pytest.approx(trace.totals.acceptance_rate)
     # vLLM's mean acceptance length is SpecLens's tokens per round, over rounds that drafted.
     assert back["mean_acceptance_length"] == pytest.approx(sum(s.new_tokens for s in drafted) / len(drafted))
     reached = costmodel.acceptance_by_position(trace)

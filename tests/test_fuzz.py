@@ -15,7 +15,7 @@ from decoding.errors import TraceError
 from decoding.trace import Trace, validate
 from visualize.cards import stats_html
 from visualize.charts import trace_figures
-from visualize.explain import explain_step_markdown
+from visualize.explain import explain_round_markdown
 from visualize.timeline import timeline_html
 
 BASES = [
@@ -77,10 +77,10 @@ def render_or_refuse(text: str) -> None:
     except TraceError:
         return
     html = timeline_html(trace) + stats_html(trace)
-    if trace.steps:
+    if trace.rounds:
         html += timeline_html(trace, upto=1, selected=0)
-        for i, step in enumerate(trace.steps[:3]):
-            assert "<" not in explain_step_markdown(step, i).replace("&lt;", "")
+        for i, step in enumerate(trace.rounds[:3]):
+            assert "<" not in explain_round_markdown(step, i).replace("&lt;", "")
     trace_figures(trace)
     found = TagCollector()
     found.feed(html)
@@ -111,7 +111,7 @@ def test_the_json_text_cut_and_spliced(at, cut, insert):
 
 def test_hostile_text_in_every_text_field_is_shown_as_text():
     data = copy.deepcopy(BASES[0])
-    for step in data["steps"]:
+    for step in data["rounds"]:
         for tok in step["draft"]:
             tok["text"] = HOSTILE[len(tok["text"]) % len(HOSTILE)]
     data["meta"]["prompt_token_texts"] = HOSTILE * 3

@@ -109,7 +109,7 @@ def test_trained_head_is_lossless_for_every_k(trained_tiny):
             trace = speculative_generate(target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
             assert trace.output.token_ids == expected, f"k={k} prompt={prompt}"
             check_invariants(trace)
-            accepted += trace.totals["accepted"]
+            accepted += trace.totals.accepted
     assert accepted > 0  # the trained head is right sometimes, so the accept path ran too
 
 
@@ -123,7 +123,7 @@ def test_drafts_equal_a_fresh_recomputation(tiny_target):
     tap = FeatureTap.on(tiny_target, head.c.aux_layers)
     embed = tiny_target.get_input_embeddings()
     seq = ids[0].tolist()
-    for step in trace.steps:
+    for step in trace.rounds:
         x = torch.tensor([seq])
         rows: dict = {}
         with tap.recording(rows):
@@ -161,7 +161,7 @@ def test_rounds_may_hop_threads_and_runs_may_interleave(tiny_target):
                 HeadDraft(head, tiny_target, "h"),
                 make_policy("fixed", 3),
                 max_new_tokens=30,
-            ).steps
+            ).rounds
         ]
         for ids in prompts
     ]
@@ -175,7 +175,7 @@ def test_rounds_may_hop_threads_and_runs_may_interleave(tiny_target):
                     last[i] = pool.submit(next, runs[i]).result()
                 except StopIteration:
                     live.remove(i)
-    assert [[s.draft for s in t.steps] for t in last] == alone
+    assert [[s.draft for s in t.rounds] for t in last] == alone
 
 
 def test_drafts_only_from_the_draft_vocabulary(tiny_target):
@@ -188,7 +188,7 @@ def test_drafts_only_from_the_draft_vocabulary(tiny_target):
         make_policy("fixed", 4),
         max_new_tokens=30,
     )
-    assert {d.id for s in trace.steps for d in s.draft} <= set(vocab)
+    assert {d.id for s in trace.rounds for d in s.draft} <= set(vocab)
 
 
 @pytest.mark.parametrize(
@@ -207,7 +207,7 @@ def test_head_sampling_follows_the_target(sampling):
         trace = speculative_generate(target, prompt, draft, make_policy("fixed", 2), s, max_new_tokens=2)
         t1, t2 = trace.output.token_ids
         counts[t1, t2] += 1
-        accepted += trace.totals["accepted"]
+        accepted += trace.totals.accepted
     assert runs * 0.1 < accepted < runs * 2 * 0.95
     assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA
 
@@ -257,7 +257,7 @@ def test_a_published_eagle3_layout_loads_and_drafts(tiny_target, tmp_path):
         tiny_target, ids, HeadDraft(head, tiny_target, "h"), make_policy("fixed", 4), max_new_tokens=30
     )
     assert trace.output.token_ids == expected
-    assert trace.totals["proposed"] > 0
+    assert trace.totals.proposed > 0
 
 
 def _edit_config(folder, **changes):
@@ -351,5 +351,5 @@ def test_the_shipped_head_is_lossless_on_smollm2(smol):
             draft = build_draft("head", smol)
             trace = speculative_generate(smol.model, ids, draft, make_policy("fixed", k), max_new_tokens=32)
             assert trace.output.token_ids == expected, f"k={k}"
-            accepted += trace.totals["accepted"]
+            accepted += trace.totals.accepted
     assert accepted > 10  # a trained head keeps some of its drafts

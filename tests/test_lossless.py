@@ -51,7 +51,7 @@ def test_heuristic_changes_k(tiny_target):
     trace = speculative_generate(
         tiny_target, ids, ModelDraft(tiny_target, 64, "self"), make_policy("heuristic", 2), max_new_tokens=60
     )
-    ks = [s.k for s in trace.steps]
+    ks = [s.k for s in trace.rounds]
     assert ks[:3] == [2, 4, 6], ks  # +2 after every fully accepted round
 
 
@@ -100,7 +100,7 @@ def test_model_draft_never_reruns_seen_tokens(tiny_target, tiny_draft):
     finally:
         hook.remove()
     expected, previous = [], None
-    for step in trace.steps:
+    for step in trace.rounds:
         if step.k == 0:  # the budget left room for the target's token only
             continue
         first = ids.shape[1] if previous is None else 1 + (previous.n_accepted == previous.k)

@@ -52,7 +52,7 @@ def one_session(url: str, i: int) -> list[dict]:
         total = time.monotonic() - start
         trace = Trace.load(json_path)
         assert trace.meta["prompt"] == prompt, "another session's trace"
-        work = trace.totals["wall_s"] + trace.baseline.wall_s
+        work = trace.totals.wall_s + trace.baseline.wall_s
         done.append({"kind": "generate", "total": total, "running": work})
     if i % 4 == 0:
         start = time.monotonic()
@@ -76,7 +76,7 @@ def one_session(url: str, i: int) -> list[dict]:
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[i % 3]
     start = time.monotonic()
     assert client.predict(None, example.stem, api_name="/replay")[0]["maximum"] == len(
-        Trace.load(example).steps
+        Trace.load(example).rounds
     )
     done.append({"kind": "replay", "total": time.monotonic() - start, "running": None})
     return done
@@ -121,7 +121,7 @@ def test_a_hundred_runs_in_one_process_keep_memory_and_files_flat(smol):
     samples = {}
     for n in range(1, 101):
         *_, last = handlers.run_explore(*args)  # the final views
-        assert Trace.from_dict(last[-3]).totals["new_tokens"] == 3
+        assert Trace.from_dict(last[-3]).totals.new_tokens == 3
         if n in (10, 100):
             samples[n] = (rss_mb(), len(os.listdir("/proc/self/fd")), len(list(handlers.DOWNLOADS.iterdir())))
     (rss10, fds10, _), (rss100, fds100, dl100) = samples[10], samples[100]
@@ -178,7 +178,7 @@ def test_a_run_that_fails_half_way_frees_its_slot(client, monkeypatch, fault, me
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.setattr(NGramDraft, "propose", real)
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
-    assert Trace.load(json_path).totals["new_tokens"] == 4 and not handlers._budgets
+    assert Trace.load(json_path).totals.new_tokens == 4 and not handlers._budgets
 
 
 def test_a_model_that_fails_to_load(client, monkeypatch):
@@ -192,7 +192,7 @@ def test_a_model_that_fails_to_load(client, monkeypatch):
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.undo()
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
-    assert Trace.load(json_path).totals["new_tokens"] == 4
+    assert Trace.load(json_path).totals.new_tokens == 4
 
 
 def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
@@ -210,7 +210,7 @@ def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
         time.sleep(0.2)
     assert not handlers._budgets, "the abandoned run is still running"
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
-    assert Trace.load(json_path).totals["new_tokens"] == 4
+    assert Trace.load(json_path).totals.new_tokens == 4
 
 
 @pytest.mark.parametrize("path", ["/etc/passwd", str(ROOT / "decoding" / "models.py"), "../../../etc/passwd"])
@@ -242,7 +242,7 @@ def test_odd_prompts_run_and_come_back_as_typed(client, prompt):
         **generate_args(prompt, max_new=3, compare=False), api_name="/generate"
     )
     trace = Trace.load(json_path)
-    assert trace.meta["prompt"] == prompt and trace.totals["new_tokens"] == 3
+    assert trace.meta["prompt"] == prompt and trace.totals.new_tokens == 3
 
 
 @pytest.mark.parametrize(
@@ -262,7 +262,7 @@ def test_numeric_fields_at_and_past_their_limits(client, over, message):
     args = generate_args(**{"compare": False, **over})
     if message is None:
         *_, json_path, _, _, _ = client.predict(**args, api_name="/generate")
-        assert Trace.load(json_path).totals["new_tokens"] == 3
+        assert Trace.load(json_path).totals.new_tokens == 3
     else:
         with pytest.raises(Exception, match=message):
             client.predict(**args, api_name="/generate")

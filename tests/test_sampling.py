@@ -106,7 +106,7 @@ def test_end_to_end_pairs_follow_target(sampling, draft_kind):
         trace = speculative_generate(target, prompt, draft, make_policy("fixed", 2), s, max_new_tokens=2)
         t1, t2 = trace.output.token_ids
         counts[t1, t2] += 1
-        accepted += trace.totals["accepted"]
+        accepted += trace.totals.accepted
     # Both paths must be exercised for the test to mean something.
     assert runs * 0.2 < accepted < runs * 2 * 0.95
     assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
 from decoding.errors import TraceError
@@ -42,11 +43,11 @@ def test_invariants_hold(tiny_target):
         greedy = i % 2 == 0  # traces() alternates greedy and sampled runs
         check_invariants(trace)
         t = trace.totals
-        assert t["new_tokens"] == 40
-        assert t["acceptance_rate"] == pytest.approx(t["accepted"] / t["proposed"])
-        assert t["tokens_per_step"] == pytest.approx(40 / t["steps"])
-        for s in trace.steps:
-            assert s.step_ms >= s.draft_ms + s.verify_ms - 1e-6
+        assert t.new_tokens == 40
+        assert t.acceptance_rate == pytest.approx(t.accepted / t.proposed)
+        assert t.tokens_per_round == pytest.approx(40 / t.rounds)
+        for s in trace.rounds:
+            assert s.round_ms >= s.draft_ms + s.verify_ms - 1e-6
             # Positions after the first rejection were conditioned on a wrong
             # prefix: they were never judged, and carry no numbers.
             n, k = s.n_accepted, s.k
@@ -70,15 +71,15 @@ def test_json_round_trip(tiny_target, tmp_path):
         again = Trace.load(path)
         assert again.to_dict() == trace.to_dict()
         data = json.loads(path.read_text())
-        assert set(data) >= {"meta", "steps", "totals", "output"}
+        assert set(data) >= {"meta", "rounds", "totals", "output"}
 
 
 def test_dataframe_one_row_per_event(tiny_target):
     for trace in traces(tiny_target):
         df = trace.to_dataframe()
         assert list(df.columns) == EVENT_COLUMNS
-        emitted = sum(s.emitted is not None for s in trace.steps)
-        assert len(df) == sum(s.k for s in trace.steps) + emitted
+        emitted = sum(s.emitted is not None for s in trace.rounds)
+        assert len(df) == sum(s.k for s in trace.rounds) + emitted
         assert set(df["kind"]) <= set(TOKEN_KINDS)
         thrown = df["kind"].isin(["rejected", "discarded"])
         out = df[~thrown]
@@ -86,7 +87,7 @@ def test_dataframe_one_row_per_event(tiny_target):
         assert out["token_id"].tolist() == trace.output.token_ids
         assert df[thrown]["output_index"].isna().all()
         # One judged-and-refused token per round at most; everything after it is discarded, unjudged.
-        assert (df[df["kind"] == "rejected"].groupby("step").size() <= 1).all()
+        assert (df[df["kind"] == "rejected"].groupby("round").size() <= 1).all()
         discarded = df[df["kind"] == "discarded"]
         assert discarded[["p", "accept_prob", "u"]].isna().all().all()
     assert any((t.to_dataframe()["kind"] == "discarded").any() for t in traces(tiny_target))
@@ -94,7 +95,7 @@ def test_dataframe_one_row_per_event(tiny_target):
 
 def test_invariant_checker_catches_a_broken_trace(tiny_target):
     trace = traces(tiny_target)[0]
-    step = next(s for s in trace.steps if s.k > s.n_accepted)
+    step = next(s for s in trace.rounds if s.k > s.n_accepted)
     step.verdicts[step.n_accepted].accepted = True  # no longer a prefix
     with pytest.raises(TraceError, match="round"):
         check_invariants(trace)
@@ -105,12 +106,29 @@ def test_version_1_traces_load_with_kinds_and_without_unjudged_numbers():
     assert "version" not in old and "kind" not in old["steps"][0]["verdicts"][0]
     trace = Trace.load(V1_TRACE)
     validate(trace)
-    assert trace.version == 2
-    discarded = [v for s in trace.steps for v in s.verdicts if v.kind == "discarded"]
+    assert trace.version == 3
+    discarded = [v for s in trace.rounds for v in s.verdicts if v.kind == "discarded"]
     assert len(discarded) == 46  # 31 of them said "accept prob = 1.000" before
     assert all(v.p is None and v.accept_prob is None for v in discarded)
     again = Trace.from_json(trace.to_json())
     assert again.to_dict() == trace.to_dict()
+
+
+def test_version_2_traces_load_with_rounds_and_typed_totals():
+    """The example traces were written before rounds were called rounds."""
+    paths = sorted((ROOT / "assets" / "traces").glob("*.json"))
+    assert paths
+    for path in paths:
+        old = json.loads(path.read_text())
+        assert old["version"] == 2 and "steps" in old and "tokens_per_step" in old["totals"]
+        trace = Trace.load(path)
+        validate(trace)
+        assert len(trace.rounds) == len(old["steps"]) == trace.totals.rounds == old["totals"]["steps"]
+        assert trace.totals.tokens_per_round == old["totals"]["tokens_per_step"]
+        assert [r.round_ms for r in trace.rounds] == [s["step_ms"] for s in old["steps"]]
+        data = trace.to_dict()
+        assert data["version"] == 3 and "steps" not in data and "steps" not in data["totals"]
+        assert Trace.from_dict(data).to_dict() == data
 
 
 def corrupt(data: dict, path: str, value) -> dict:
@@ -146,7 +164,7 @@ def test_a_corrupt_trace_is_refused_naming_its_first_problem(path, value, messag
 
 def test_a_discarded_token_with_numbers_is_refused():
     trace = Trace.load(V1_TRACE)
-    step = next(s for s in trace.steps if s.k - s.n_accepted >= 2)
+    step = next(s for s in trace.rounds if s.k - s.n_accepted >= 2)
     step.verdicts[-1].p = 0.5
     with pytest.raises(TraceError, match="never judged"):
         validate(trace)
@@ -165,9 +183,9 @@ def test_untraced_run_has_the_same_output_and_totals(tiny_target):
             tiny_target, prompt, draft, make_policy("heuristic", 3), max_new_tokens=40
         )
         bare = untraced_generate(tiny_target, prompt, draft, make_policy("heuristic", 3), max_new_tokens=40)
-        assert bare.steps == [] and bare.output.token_ids == traced.output.token_ids
-        for key in ("steps", "new_tokens", "proposed", "accepted", "acceptance_rate", "tokens_per_step"):
-            assert bare.totals[key] == traced.totals[key], key
+        assert bare.rounds == [] and bare.output.token_ids == traced.output.token_ids
+        for key in ("rounds", "new_tokens", "proposed", "accepted", "acceptance_rate", "tokens_per_round"):
+            assert getattr(bare.totals, key) == getattr(traced.totals, key), key
 
 
 def test_where_a_round_turned_the_trace_keeps_both_top_fives(tiny_target, tiny_draft):
@@ -178,9 +196,9 @@ def test_where_a_round_turned_the_trace_keeps_both_top_fives(tiny_target, tiny_d
         trace = speculative_generate(
             tiny_target, prompt, ModelDraft(tiny_draft, 64, "tiny"), make_policy("fixed", 3), sampling, 30
         )
-        turned = [s for s in trace.steps if s.n_accepted < s.k]
+        turned = [s for s in trace.rounds if s.n_accepted < s.k]
         assert turned
-        for s in trace.steps:
+        for s in trace.rounds:
             probs = [t.prob for t in s.target_top]
             assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
             if sampling.greedy:  # the target's own token is its top choice
@@ -216,13 +234,13 @@ def test_ngram_rounds_say_where_they_copied_from(tiny_target):
         meta={"prompt": "p", "prompt_tokens": len(prompt_ids), "prompt_token_texts": texts},
     )
     seq = list(prompt_ids)
-    for s in trace.steps:
+    for s in trace.rounds:
         if s.k:
             m = s.match
             assert seq[m.start - m.ngram : m.start] == seq[len(seq) - m.ngram :]  # the suffix it matched
             assert [t.id for t in s.draft] == seq[m.start : m.start + s.k]  # what followed it
         seq += trace.output.token_ids[len(seq) - len(prompt_ids) :][: s.new_tokens]
-    first = next(i for i, s in enumerate(trace.steps) if s.match and s.match.start < len(prompt_ids))
+    first = next(i for i, s in enumerate(trace.rounds) if s.match and s.match.start < len(prompt_ids))
     html = timeline_html(trace, selected=first)
     assert 'class="sl-match-key"' in html and 'class="sl-match-copy"' in html
     assert "copied from prompt tokens" in html

@@ -9,10 +9,10 @@ import pytest
 from conftest import ROOT
 
 from decoding import costmodel
-from decoding.trace import DraftToken, Emitted, Output, Step, Trace, Verdict, check_invariants
+from decoding.trace import DraftToken, Emitted, Output, Round, Trace, Verdict, check_invariants
 from visualize.cards import stats_html
 from visualize.charts import accepted_length_histogram, theory_figure, trace_figures
-from visualize.explain import explain_step
+from visualize.explain import explain_round
 from visualize.simulate import simulate_trace
 from visualize.timeline import timeline_html
 
@@ -22,7 +22,7 @@ EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*.json"))
 def hand_made() -> Trace:
     """Three rounds covering every kind: rejected then correction, bonus, and an accepted EOS."""
     steps = [
-        Step(
+        Round(
             3,
             [
                 DraftToken(1, "<script>alert(1)</script>", 0.9),
@@ -36,7 +36,7 @@ def hand_made() -> Trace:
             20.0,
             31.0,
         ),
-        Step(
+        Round(
             2,
             [DraftToken(5, "\n", 0.9), DraftToken(6, " f", 0.9)],
             [Verdict(0.9, 1.0, None, True), Verdict(0.8, 1.0, None, True)],
@@ -46,11 +46,11 @@ def hand_made() -> Trace:
             21.0,
             30.0,
         ),
-        Step(1, [DraftToken(8, "</s>", 0.9)], [Verdict(0.9, 1.0, None, True)], 1, None, 5.0, 15.0, 20.0),
+        Round(1, [DraftToken(8, "</s>", 0.9)], [Verdict(0.9, 1.0, None, True)], 1, None, 5.0, 15.0, 20.0),
     ]
-    trace = Trace(meta={"prompt": "Hi & <b>bold</b>", "sampling": {"greedy": True}}, steps=steps)
+    trace = Trace(meta={"prompt": "Hi & <b>bold</b>", "sampling": {"greedy": True}}, rounds=steps)
     trace.output = Output("x", [1, 4, 5, 6, 7, 8])
-    trace.compute_totals(0.1)
+    trace.finish(0.1)
     return trace
 
 
@@ -77,17 +77,17 @@ def test_timeline_upto_and_selected():
 
 def test_explanations_say_what_happened():
     t = hand_made()
-    first = explain_step(t.steps[0], 0)
+    first = explain_round(t.rounds[0], 0)
     assert "kept “<script>alert(1)</script>”" in first and "rejected “ b”" in first
     assert (
         "wrote “ d” instead" in first and "1 draft token after it was discarded without being judged" in first
     )
-    assert "added “ g” for free" in explain_step(t.steps[1], 1)
-    assert "ended the text" in explain_step(t.steps[2], 2)
+    assert "added “ g” for free" in explain_round(t.rounds[1], 1)
+    assert "ended the text" in explain_round(t.rounds[2], 2)
 
 
 def test_sampling_explanation_gives_p_q_and_u():
-    step = Step(
+    step = Round(
         1,
         [DraftToken(1, " x", 0.8)],
         [Verdict(0.2, 0.25, 0.6, False)],
@@ -97,7 +97,7 @@ def test_sampling_explanation_gives_p_q_and_u():
         1,
         2,
     )
-    text = explain_step(step, 4, greedy=False)
+    text = explain_round(step, 4, greedy=False)
     assert text.startswith("Round 5:") and "min(1, 0.20/0.80) = 0.25" in text and "u=0.60" in text
 
 
@@ -108,7 +108,7 @@ def test_example_traces_render(path):
     figs = trace_figures(trace)
     assert len(figs) == 4 and all(len(f.data) >= 1 for f in figs)
     assert "acceptance rate" in stats_html(trace)
-    assert timeline_html(trace).count("data-step=") == len(trace.steps)
+    assert timeline_html(trace).count("data-step=") == len(trace.rounds)
 
 
 def test_histogram_counts_rounds():
@@ -131,7 +131,7 @@ def test_simulation_matches_the_formula():
     alpha, gamma = 0.7, 4
     trace = simulate_trace(alpha, gamma, rounds=4000, seed=1)
     check_invariants(trace)
-    assert trace.totals["tokens_per_step"] == pytest.approx(costmodel.expected_tokens(alpha, gamma), rel=0.03)
+    assert trace.totals.tokens_per_round == pytest.approx(costmodel.expected_tokens(alpha, gamma), rel=0.03)
     assert costmodel.estimate_alpha(trace) == pytest.approx(alpha, abs=0.02)
 
 
@@ -172,7 +172,7 @@ def chips(html: str, kind: str) -> list[str]:
 
 def test_discarded_tokens_are_greyed_unjudged_and_out_of_the_acceptance_chart():
     trace = hand_made()
-    v = trace.steps[0].verdicts
+    v = trace.rounds[0].verdicts
     assert [x.kind for x in v] == ["accepted", "rejected", "discarded"]
     assert (v[2].p, v[2].accept_prob, v[2].u) == (None, None, None)  # it came in with numbers: dropped
     html = timeline_html(trace)
@@ -215,9 +215,9 @@ def test_comparison_card_says_what_the_run_promises(greedy, dtype, same, label, 
 
 
 def test_round_sentences_in_markdown_escape_token_text():
-    from visualize.explain import explain_step_markdown
+    from visualize.explain import explain_round_markdown
 
-    step = Step(
+    step = Round(
         2,
         [DraftToken(1, "<img src=x>", 0.9), DraftToken(2, "**bold** [a](b)", 0.8)],
         [Verdict(0.9, 1.0, None, True), Verdict(0.1, 0.0, None, False)],
@@ -227,6 +227,6 @@ def test_round_sentences_in_markdown_escape_token_text():
         1,
         2,
     )
-    text = explain_step_markdown(step, 0)
+    text = explain_round_markdown(step, 0)
     assert "<img" not in text and "&lt;img src=x&gt;" in text
     assert r"\*\*bold\*\* \[a\]\(b\)" in text and r"\$\$x\$\$" in text

@@ -14,18 +14,18 @@ def _card(label: str, value: str, cls: str = "", tip: str = "") -> str:
 def stats_html(trace: Trace) -> str:
     t = trace.totals
     cards = [
-        _card("acceptance rate", f"{t.get('acceptance_rate', 0):.0%}"),
-        _card("tokens per round", f"{t.get('tokens_per_step', 0):.2f}"),
-        _card("tokens / s", f"{t.get('tokens_per_s', 0):.1f}"),
+        _card("acceptance rate", f"{t.acceptance_rate:.0%}"),
+        _card("tokens per round", f"{t.tokens_per_round:.2f}"),
+        _card("tokens / s", f"{t.tokens_per_s:.1f}"),
     ]
-    if "speedup" in t:
-        cards.append(_card("speedup vs plain", f"×{t['speedup']:.2f}"))
+    if t.speedup is not None:
+        cards.append(_card("speedup vs plain", f"×{t.speedup:.2f}"))
     same = agreement(trace)
     if same is not None:
         cls = {True: "sl-good", False: "sl-bad", None: ""}[same.good]
         cards.append(_card(same.label, same.value, cls, tip=same.sentence))
     m = trace.meta
-    caption = f"{m.get('target', '?')} · draft {m.get('draft', '?')} · {t.get('new_tokens', 0)} tokens in {t.get('steps', 0)} rounds · {m.get('device', '')} {m.get('dtype', '')}"
+    caption = f"{m.get('target', '?')} · draft {m.get('draft', '?')} · {t.new_tokens} tokens in {t.rounds} rounds · {m.get('device', '')} {m.get('dtype', '')}"
     if m.get("stopped"):
         caption += f" · {m['stopped']}"
     return f'<div class="sl-cards">{"".join(cards)}</div><div class="sl-caption">{escape(caption)}</div>'

@@ -62,18 +62,18 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
 
 
 def accepted_length_histogram(trace: Trace) -> go.Figure:
-    counts = Counter(s.n_accepted for s in trace.steps)
-    top = max([s.k for s in trace.steps] + [0])
+    counts = Counter(s.n_accepted for s in trace.rounds)
+    top = max([s.k for s in trace.rounds] + [0])
     xs = list(range(top + 1))
     fig = go.Figure(go.Bar(x=xs, y=[counts.get(x, 0) for x in xs], marker_color=COLORS["bonus"]))
     return _layout(fig, "Accepted tokens per round", "accepted draft tokens", "rounds", whole_x=True)
 
 
 def round_time_split(trace: Trace) -> go.Figure:
-    rounds = list(range(1, len(trace.steps) + 1))
-    draft = [s.draft_ms for s in trace.steps]
-    verify = [s.verify_ms for s in trace.steps]
-    other = [max(0.0, s.step_ms - s.draft_ms - s.verify_ms) for s in trace.steps]
+    rounds = list(range(1, len(trace.rounds) + 1))
+    draft = [s.draft_ms for s in trace.rounds]
+    verify = [s.verify_ms for s in trace.rounds]
+    other = [max(0.0, s.round_ms - s.draft_ms - s.verify_ms) for s in trace.rounds]
     fig = go.Figure(
         [
             go.Bar(name="drafting", x=rounds, y=draft, marker_color=COLORS["draft"]),
@@ -158,7 +158,7 @@ def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     fig.add_scatter(x=table["k"], y=table["acceptance_rate"], mode="lines+markers", name="acceptance rate")
     fig.add_scatter(
-        x=table["k"], y=table["tokens_per_step"], mode="lines+markers", name="tokens per round", yaxis="y2"
+        x=table["k"], y=table["tokens_per_round"], mode="lines+markers", name="tokens per round", yaxis="y2"
     )
     fig.update_layout(
         yaxis={"range": [0, 1]}, yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"}

@@ -1,7 +1,7 @@
 """One plain sentence per round, for a class to follow.
 
 `explain_step` gives plain text (the timeline escapes it as HTML);
-`explain_step_markdown` gives the same sentence with every token's text
+`explain_round_markdown` gives the same sentence with every token's text
 escaped for Markdown, for the Markdown components: a token is model output,
 and `<img src=x>` or `**bold**` in it must show as written.
 """
@@ -12,7 +12,7 @@ import html
 import re
 from collections.abc import Callable
 
-from decoding.trace import Step
+from decoding.trace import Round
 
 # Everything Markdown (and Gradio's $$ LaTeX) would read as syntax; HTML's <, > and & become entities.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~$])")
@@ -27,36 +27,36 @@ def _quote(text: str) -> str:
     return "“" + text.replace("\n", "↵") + "”"
 
 
-def explain_step(step: Step, index: int, greedy: bool | None = None) -> str:
+def explain_round(rnd: Round, index: int, greedy: bool | None = None) -> str:
     """What the draft proposed, what the target kept, what it rejected and why, what it wrote."""
-    return _explain(step, index, greedy, _quote)
+    return _explain(rnd, index, greedy, _quote)
 
 
-def explain_step_markdown(step: Step, index: int, greedy: bool | None = None) -> str:
+def explain_round_markdown(rnd: Round, index: int, greedy: bool | None = None) -> str:
     """`explain_step` with token text escaped for a Markdown component."""
-    return _explain(step, index, greedy, lambda t: md_escape(_quote(t)))
+    return _explain(rnd, index, greedy, lambda t: md_escape(_quote(t)))
 
 
-def _explain(step: Step, index: int, greedy: bool | None, q: Callable[[str], str]) -> str:
+def _explain(rnd: Round, index: int, greedy: bool | None, q: Callable[[str], str]) -> str:
     if greedy is None:
-        greedy = all(v.u is None for v in step.verdicts)
+        greedy = all(v.u is None for v in rnd.verdicts)
     head = f"Round {index + 1}: "
-    drafted = [t.text for t in step.draft]
-    e = step.emitted
-    if step.k == 0:
+    drafted = [t.text for t in rnd.draft]
+    e = rnd.emitted
+    if rnd.k == 0:
         return head + f"the draft had nothing to propose, so the target wrote {q(e.text)} itself."
     proposed = (
         f"the draft proposed {len(drafted)} token{'s' * (len(drafted) != 1)} ({', '.join(map(q, drafted))})"
     )
-    n = step.n_accepted
-    if n == step.k:
+    n = rnd.n_accepted
+    if n == rnd.k:
         if e is None:
             return head + f"{proposed}; the target kept all of them, and the last one ended the text."
         return (
             head + f"{proposed}; the target kept all of them and added {q(e.text)} for free (a bonus token)."
         )
     kept = f"kept {', '.join(map(q, drafted[:n]))}" if n else "kept none of them"
-    bad, v = step.draft[n], step.verdicts[n]
+    bad, v = rnd.draft[n], rnd.verdicts[n]
     if greedy:
         why = (
             f"rejected {q(bad.text)}, because its own top choice was {q(e.text)} "
@@ -72,7 +72,7 @@ def _explain(step: Step, index: int, greedy: bool | None, q: Callable[[str], str
         if greedy
         else f"so it drew {q(e.text)} from what p has left over q"
     )
-    after = step.k - n - 1
+    after = rnd.k - n - 1
     tail = (
         f"; the {after} draft token{'s' * (after != 1)} after it {'were' if after != 1 else 'was'} "
         "discarded without being judged, since they followed a refused token"

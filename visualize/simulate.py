@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from decoding.trace import DraftToken, Emitted, Output, Step, Trace, Verdict, verdict_kind
+from decoding.trace import DraftToken, Emitted, Output, Round, Trace, Verdict, verdict_kind
 
 TEXT = [
     "Speculative",
@@ -89,8 +89,8 @@ def simulate_trace(alpha: float, gamma: int, rounds: int, seed: int = 0) -> Trac
         kind = "bonus" if n == gamma else "correction"
         emitted = Emitted(pos + n, word(pos + n), kind, 1.0)
         ids += [t.id for t in draft[:n]] + [emitted.id]
-        trace.steps.append(Step(gamma, draft, verdicts, n, emitted, 0.0, 0.0, 0.0))
+        trace.rounds.append(Round(gamma, draft, verdicts, n, emitted, 0.0, 0.0, 0.0))
         pos += n + 1
     trace.output = Output("".join(word(i) for i in range(pos)).strip(), ids)
-    trace.compute_totals(0.0)
+    trace.finish(0.0)
     return trace

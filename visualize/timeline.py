@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from html import escape
 
-from decoding.trace import Step, TopToken, Trace
+from decoding.trace import Round, TopToken, Trace
 
-from .explain import explain_step
+from .explain import explain_round
 
 KIND_LABELS = {
     "prompt": "prompt",
@@ -49,26 +49,26 @@ def _top_lines(title: str, top: list[TopToken] | None, symbol: str) -> str:
     return f"\n{title}: {items}"
 
 
-def _turn_lines(step: Step) -> str:
+def _turn_lines(rnd: Round) -> str:
     """The distributions where the round turned: the target's, the draft's, the residual's."""
-    lines = _top_lines("target's top 5 here", step.target_top, "p")
-    if step.n_accepted < step.k:
-        if step.draft_top:
-            lines += _top_lines("draft's top 5 here", step.draft_top, "q")
-        elif step.target_top is not None:
+    lines = _top_lines("target's top 5 here", rnd.target_top, "p")
+    if rnd.n_accepted < rnd.k:
+        if rnd.draft_top:
+            lines += _top_lines("draft's top 5 here", rnd.draft_top, "q")
+        elif rnd.target_top is not None:
             lines += "\ndraft: this one token with q = 1 (it has no distribution)"
-        lines += _top_lines("drawn from the residual max(0, p − q), top 5", step.residual_top, "r")
+        lines += _top_lines("drawn from the residual max(0, p − q), top 5", rnd.residual_top, "r")
     return lines
 
 
-def _match_line(step: Step, prompt_texts: list[str]) -> str:
-    m = step.match
+def _match_line(rnd: Round, prompt_texts: list[str]) -> str:
+    m = rnd.match
     if m is None:
         return ""
     n_prompt = len(prompt_texts)
     key = "".join(prompt_texts[m.start - m.ngram : m.start]) if m.start <= n_prompt else ""
     where = (
-        f"prompt tokens {m.start + 1}–{m.start + step.k}"
+        f"prompt tokens {m.start + 1}–{m.start + rnd.k}"
         if m.start < n_prompt
         else f"the text written so far (output token {m.start - n_prompt + 1} on)"
     )
@@ -76,36 +76,36 @@ def _match_line(step: Step, prompt_texts: list[str]) -> str:
     return f"\ncopied from {where}{after}"
 
 
-def _draft_chip(step: Step, j: int, prompt_texts: list[str]) -> str:
-    tok, v = step.draft[j], step.verdicts[j]
+def _draft_chip(rnd: Round, j: int, prompt_texts: list[str]) -> str:
+    tok, v = rnd.draft[j], rnd.verdicts[j]
     tip = f"{KIND_LABELS[v.kind]} · position {j + 1}\nq (draft) = {_fmt(tok.q)}"
     if v.kind == "discarded":
         tip += "\nnever judged: it came after a rejected token, so the target's scores for it mean nothing"
     else:
         tip += f"\np (target) = {_fmt(v.p)}\naccept prob = {_fmt(v.accept_prob)}\nu = {_fmt(v.u)}"
     if v.kind == "rejected":
-        tip += _turn_lines(step)
-    return _token(v.kind, tok.text, tip + _match_line(step, prompt_texts))
+        tip += _turn_lines(rnd)
+    return _token(v.kind, tok.text, tip + _match_line(rnd, prompt_texts))
 
 
-def _round_html(step: Step, index: int, greedy: bool, selected: bool, prompt_texts: list[str]) -> str:
-    chips = [_draft_chip(step, j, prompt_texts) for j in range(step.k)]
-    if step.emitted is not None:
-        e = step.emitted
-        tip = f"{KIND_LABELS[e.kind]}\np (target) = {_fmt(e.p)}" + _turn_lines(step)
+def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str]) -> str:
+    chips = [_draft_chip(rnd, j, prompt_texts) for j in range(rnd.k)]
+    if rnd.emitted is not None:
+        e = rnd.emitted
+        tip = f"{KIND_LABELS[e.kind]}\np (target) = {_fmt(e.p)}" + _turn_lines(rnd)
         chips.append(_token(e.kind, e.text, tip))
     cls = "sl-round sl-selected" if selected else "sl-round"
-    timing = f"{step.step_ms:.0f} ms"
+    timing = f"{rnd.round_ms:.0f} ms"
     return (
         f'<div class="{cls}" data-step="{index}">'
-        f'<span class="sl-label">#{index + 1} · k={step.k} · {timing}</span>'
+        f'<span class="sl-label">#{index + 1} · k={rnd.k} · {timing}</span>'
         f'<span class="sl-chips">{"".join(chips)}</span>'
-        f'<div class="sl-explain">{escape(explain_step(step, index, greedy))}</div>'
+        f'<div class="sl-explain">{escape(explain_round(rnd, index, greedy))}</div>'
         "</div>"
     )
 
 
-def _prompt_html(trace: Trace, selected: Step | None) -> str:
+def _prompt_html(trace: Trace, selected: Round | None) -> str:
     meta = trace.meta
     texts: list[str] = meta.get("prompt_token_texts") or []
     tip = f"{meta.get('prompt_tokens', '?')} prompt tokens"
@@ -131,7 +131,7 @@ def legend_html() -> str:
 
 def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = None) -> str:
     """The timeline of rounds [0, upto) (all when None), with round `selected` highlighted."""
-    steps = trace.steps if upto is None else trace.steps[:upto]
+    steps = trace.rounds if upto is None else trace.rounds[:upto]
     greedy = bool(trace.meta.get("sampling", {}).get("greedy", True))
     prompt_texts = trace.meta.get("prompt_token_texts") or []
     parts = [legend_html(), '<div class="sl-rounds">']
