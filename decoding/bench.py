@@ -18,7 +18,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -29,10 +29,9 @@ from .drafts import Draft, LayerDraft, ModelDraft, NGramDraft, build_draft
 from .errors import SpecLensError
 from .models import LoadedModel, load_model
 from .policies import make_policy
-from .runner import encode_prompt, eos_ids, library_versions, token_texts
+from .runner import RunConfig, encode_prompt, eos_ids, library_versions, token_texts
 from .speculative import Clock, autoregressive_generate, speculative_generate, untraced_generate
 from .trace import Trace
-from .verify import Sampling
 
 CSV_COLUMNS = [
     "category",
@@ -59,18 +58,11 @@ CSV_COLUMNS = [
 @dataclass
 class BenchConfig:
     prompts: Path
-    target: str = "smollm2-135m"
-    draft: str = "ngram"
-    k: int = 4
-    policy: str = "fixed"
-    temperature: float = 0.0
-    max_new_tokens: int = 128
+    run: RunConfig = field(default_factory=RunConfig)  # everything but the prompt
     limit: int = 2  # prompts per category
     out: Path = Path("benchmarks/latest")
-    device: str | None = None
-    dtype: str | None = None
-    compile: bool = False
     warmup: bool = True
+    command: str = ""  # the command line that ran it, for the results
 
 
 def read_prompts(path: Path, limit: int) -> list[dict]:
@@ -142,23 +134,23 @@ def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
 
 
 def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str) -> dict:
-    sampling = Sampling(cfg.temperature)
-    ids = encode_prompt(target, prompt, chat=True)
+    sampling = cfg.run.sampling
+    ids = encode_prompt(target, prompt, cfg.run.chat)
     eos = eos_ids(target)
     text = token_texts(target.tokenizer)
 
     def policy():
-        return make_policy(cfg.policy, cfg.k)
+        return make_policy(cfg.run.policy, cfg.run.k, cfg.run.confidence)
 
-    a = speculative_generate(target.model, ids, draft, policy(), sampling, cfg.max_new_tokens, eos, text)
-    b = autoregressive_generate(target.model, ids, sampling, cfg.max_new_tokens, eos)
+    a = speculative_generate(target.model, ids, draft, policy(), sampling, cfg.run.max_new_tokens, eos, text)
+    b = autoregressive_generate(target.model, ids, sampling, cfg.run.max_new_tokens, eos)
     # Hugging Face has no head drafting, and its assisted generation is greedy here.
     c_ids, c_wall = (
-        hf_generate(target, draft, cfg.k, ids, cfg.max_new_tokens)
+        hf_generate(target, draft, cfg.run.k, ids, cfg.run.max_new_tokens)
         if sampling.greedy and draft.kind != "head"
         else (None, 0.0)
     )
-    d = untraced_generate(target.model, ids, draft, policy(), sampling, cfg.max_new_tokens, eos)
+    d = untraced_generate(target.model, ids, draft, policy(), sampling, cfg.run.max_new_tokens, eos)
 
     n = len(a.output.token_ids)
     tps_a, tps_b, tps_d = a.totals.tokens_per_s, _tps(len(b.token_ids), b.wall_s), d.totals.tokens_per_s
@@ -189,8 +181,8 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
 
 def run_bench(cfg: BenchConfig, say: Callable[[str], None] = print) -> pd.DataFrame:
     prompts = read_prompts(cfg.prompts, cfg.limit)
-    target = load_model(cfg.target, cfg.device, cfg.dtype, compile=cfg.compile)
-    draft = build_draft(cfg.draft, target)
+    target = load_model(cfg.run.target, cfg.run.device, cfg.run.dtype, compile=cfg.run.compile)
+    draft = build_draft(cfg.run.draft, target)
     if draft is None:
         raise SpecLensError("the benchmark needs a draft: ngram, layers:N, head or a model name")
     if cfg.warmup:  # first calls allocate, and with --compile they compile: keep them out of the figures
@@ -291,12 +283,12 @@ def write_results(
     df.to_csv(cfg.out / "results.csv", index=False, columns=CSV_COLUMNS)
     table = summary_table(df)
     meta = {
-        "command": cfg_command(cfg),
+        "command": cfg.command,
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
-        "compiled": cfg.compile,
+        "compiled": cfg.run.compile,
         "packed_output_layer": target.packed,
         "versions": library_versions(),
         "plain_ms_per_token": float(df["tps_plain"].rdiv(1000).mean()),
@@ -305,9 +297,9 @@ def write_results(
     }
     (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
     settings = (
-        f"target `{cfg.target}` ({meta['dtype']}{', compiled' if cfg.compile else ''}"
-        f"{', packed output layer' if target.packed else ''}), draft `{cfg.draft}`, "
-        f"k={cfg.k} ({cfg.policy}), temperature {cfg.temperature}, {cfg.max_new_tokens} new tokens, "
+        f"target `{cfg.run.target}` ({meta['dtype']}{', compiled' if cfg.run.compile else ''}"
+        f"{', packed output layer' if target.packed else ''}), draft `{cfg.run.draft}`, "
+        f"k={cfg.run.k} ({cfg.run.policy}), temperature {cfg.run.sampling.temperature}, {cfg.run.max_new_tokens} new tokens, "
         f"{meta['machine']}, {meta['date'][:10]}"
     )
     ratio = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in meta["verify_cost_ratio"].items())
@@ -330,19 +322,3 @@ def machine() -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     return f"{os.cpu_count()} × {cpu}"
-
-
-def cfg_command(cfg: BenchConfig) -> str:
-    parts = [
-        "python -m decoding bench",
-        f"--prompts {cfg.prompts}",
-        f"--target {cfg.target}",
-        f"--draft {cfg.draft}",
-    ]
-    parts += [f"--k {cfg.k}", f"--policy {cfg.policy}", f"--temperature {cfg.temperature}"]
-    parts += [f"--max-new-tokens {cfg.max_new_tokens}", f"--limit {cfg.limit}", f"--out {cfg.out}"]
-    if cfg.dtype:
-        parts.append(f"--dtype {cfg.dtype}")
-    if cfg.compile:
-        parts.append("--compile")
-    return " ".join(parts)

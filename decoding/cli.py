@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import SpecLensError
-from .policies import K_MAX, K_MIN, POLICIES
+from .policies import K_MAX, K_MIN
+
+if TYPE_CHECKING:
+    from .runner import RunConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -19,44 +25,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m decoding", description="SpecLens speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="decode one prompt speculatively and trace it")
-    g.add_argument("--target", default="smollm2-135m", help="preset, folder, .gguf file or hub id")
-    g.add_argument("--draft", default="ngram", help="ngram, layers:N, a model name or path, or none")
-    g.add_argument("--k", type=int, default=4, help=f"draft length ({K_MIN}-{K_MAX})")
-    g.add_argument("--policy", choices=POLICIES, default="fixed")
-    g.add_argument("--confidence", type=float, default=0.4, help="threshold of the confidence policy")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 means greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    g.add_argument("--baseline", action="store_true", help="also decode plainly and compare")
+    add_run_flags(g)
     g.add_argument("--trace-out", type=Path, help="write the trace JSON here")
-    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: best available)")
-    g.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: by device)")
-    g.add_argument(
-        "--compile", action="store_true", help="torch.compile the models (slow start, faster steps)"
-    )
 
     b = sub.add_parser("bench", help="SpecLens vs plain decoding vs Hugging Face, interleaved per prompt")
     b.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL (category, prompt)")
-    b.add_argument("--target", default="smollm2-135m")
-    b.add_argument("--draft", default="ngram")
-    b.add_argument("--k", type=int, default=4)
-    b.add_argument("--policy", choices=POLICIES, default="fixed")
-    b.add_argument("--temperature", type=float, default=0.0)
-    b.add_argument("--max-new-tokens", type=int, default=128)
+    add_run_flags(b, leave_out=("prompt", "baseline"))
     b.add_argument("--limit", type=int, default=2, help="prompts per category")
     b.add_argument("--out", type=Path, default=Path("benchmarks/latest"))
-    b.add_argument("--device", default=None)
-    b.add_argument("--dtype", default=None)
-    b.add_argument("--compile", action="store_true", help="torch.compile the models (warm-up takes minutes)")
     b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
     b.add_argument(
         "--server",
         help="bench a running vLLM or SGLang instead (http://host:port: its /v1/completions and /metrics)",
     )
+
+    w = sub.add_parser("sweep", help="one prompt at each k from --k-from to --k-to, against plain decoding")
+    add_run_flags(w, leave_out=("k", "policy", "confidence", "baseline"))
+    w.add_argument("--k-from", type=int, default=1, help=f"smallest k ({K_MIN}-{K_MAX})")
+    w.add_argument("--k-to", type=int, default=6, help=f"largest k ({K_MIN}-{K_MAX})")
+    w.add_argument("--csv-out", type=Path, help="write the table as CSV here")
 
     m = sub.add_parser(
         "metrics", help="speculative-decoding figures from a vLLM, SGLang or SpecLens metrics page"
@@ -110,6 +97,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
+    """One flag per `RunConfig` field (its sampling's fields included), help texts and all:
+    generate, bench and sweep take the same settings the same way."""
+    from .runner import RunConfig
+    from .verify import Sampling
+
+    for f in [*fields(RunConfig), *fields(Sampling)]:
+        if f.name in (*leave_out, "sampling"):
+            continue
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):  # a switch; one that is on by default is turned off by --no-...
+            off = "--no-" + f.name.replace("_", "-")
+            kind = {"action": "store_false"} if default else {"action": "store_true"}
+            help = f"do not {f.metadata['help']}" if default else f.metadata["help"]
+            parser.add_argument(off if default else flag, dest=f.name, help=help, **kind)
+            continue
+        kind = {"type": type(default) if default is not None else str, "default": default}
+        if "choices" in f.metadata:
+            kind["choices"] = f.metadata["choices"]
+        if f.name == "prompt":
+            kind |= {"required": True, "default": None}
+        parser.add_argument(flag, dest=f.name, help=f.metadata["help"], **kind)
+
+
+def run_config(args: argparse.Namespace, **overrides) -> RunConfig:
+    """The `RunConfig` the flags of `add_run_flags` describe."""
+    from .runner import RunConfig
+    from .verify import Sampling
+
+    def given(cls) -> dict:
+        return {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+
+    return RunConfig(**{**given(RunConfig), "sampling": Sampling(**given(Sampling)), **overrides})
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -124,13 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(args)
         if args.command == "bench":
-            return _bench(args)
+            return _bench(args, _command(argv))
+        if args.command == "sweep":
+            return _sweep(args)
         if args.command == "probe":
             return _probe(args)
         if args.command == "metrics":
             return _metrics(args)
         if args.command == "train-head":
-            return _train_head(args, sys.argv[1:] if argv is None else argv)
+            return _train_head(args, _command(argv))
     except SpecLensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -139,35 +164,24 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _command(argv: list[str] | None) -> str:
+    """The command line as typed, for results that say how they were made."""
+    return "python -m decoding " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
 def _generate(args: argparse.Namespace) -> int:
-    from .runner import RunConfig, generate
-    from .verify import Sampling
+    from .runner import generate
 
     if args.trace_out and not args.trace_out.parent.is_dir():
         raise SpecLensError(f"cannot write the trace: folder '{args.trace_out.parent}' does not exist")
-    config = RunConfig(
-        target=args.target,
-        draft=args.draft,
-        k=args.k,
-        policy=args.policy,
-        confidence=args.confidence,
-        sampling=Sampling(args.temperature, args.top_k, args.top_p, args.seed),
-        max_new_tokens=args.max_new_tokens,
-        prompt=args.prompt,
-        chat=not args.no_chat,
-        baseline=args.baseline,
-        device=args.device,
-        dtype=args.dtype,
-        compile=args.compile,
-    )
-    trace = generate(config)
+    trace = generate(run_config(args))
     if args.trace_out:
         trace.save(args.trace_out)
     print(summary(trace))
     return 0
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _bench(args: argparse.Namespace, command: str) -> int:
     from .bench import BenchConfig, read_prompts, run_bench
 
     if args.limit < 1:
@@ -175,29 +189,33 @@ def _bench(args: argparse.Namespace) -> int:
     if args.server:
         from .serverbench import run_server_bench
 
-        command = f"python -m decoding bench --server {args.server} --prompts {args.prompts} "
-        command += f"--max-new-tokens {args.max_new_tokens} --limit {args.limit} --out {args.out}"
         prompts = read_prompts(args.prompts, args.limit)
         run_server_bench(args.server, prompts, args.max_new_tokens, args.out, command)
         print((args.out / "summary.md").read_text())
         return 0
-    cfg = BenchConfig(
-        prompts=args.prompts,
-        target=args.target,
-        draft=args.draft,
-        k=args.k,
-        policy=args.policy,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        limit=args.limit,
-        out=args.out,
-        device=args.device,
-        dtype=args.dtype,
-        compile=args.compile,
-        warmup=not args.no_warmup,
-    )
-    run_bench(cfg)
+    run = run_config(args, prompt="")
+    run_bench(BenchConfig(args.prompts, run, args.limit, args.out, not args.no_warmup, command))
     print((args.out / "summary.md").read_text())
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .sweep import sweep
+
+    if args.csv_out and not args.csv_out.parent.is_dir():
+        raise SpecLensError(f"cannot write the table: folder '{args.csv_out.parent}' does not exist")
+    lo, hi = sorted((args.k_from, args.k_to))
+
+    def report(done: int, total: int) -> None:
+        if done < total:
+            print(f"k = {lo + done} ({done + 1} of {total})…", file=sys.stderr)
+
+    traces, table = sweep(run_config(args), range(lo, hi + 1), report)
+    if args.csv_out:
+        table.to_csv(args.csv_out, index=False)
+    print(table.round(3).to_string(index=False))
+    best = table.loc[table["speedup"].idxmax()]
+    print(f"best k = {int(best['k'])}: x{best['speedup']:.2f} over plain decoding")
     return 0
 
 
@@ -213,9 +231,8 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_head(args: argparse.Namespace, argv: list[str]) -> int:
+def _train_head(args: argparse.Namespace, command: str) -> int:
     import json
-    import shlex
 
     from .models import cache_dir, load_model
     from .train_head import TrainConfig, train_head
@@ -238,7 +255,6 @@ def _train_head(args: argparse.Namespace, argv: list[str]) -> int:
         )
     target = load_model(args.target, args.device, "float32")
     work = args.work or cache_dir() / "train-head" / Path(args.out).name
-    command = "python -m decoding " + shlex.join(argv)
     card = train_head(target, args.prompts, args.out, work, cfg, command)
     print(json.dumps(card, indent=1))
     return 0

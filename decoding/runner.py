@@ -14,7 +14,7 @@ from .budget import RunStopped
 from .drafts import Draft, build_draft
 from .errors import SpecLensError
 from .models import LoadedModel, load_model, public_name, public_source
-from .policies import make_policy
+from .policies import K_MAX, K_MIN, POLICIES, make_policy
 from .speculative import StopCheck, autoregressive_generate, iter_trace
 from .trace import Baseline, Trace
 from .verify import Sampling
@@ -23,21 +23,28 @@ MAX_NEW_TOKENS = 2048
 MAX_CONTEXT = 4096  # prompt + new tokens, whatever the model allows beyond it
 
 
+def _opt(default, help: str, **extra):
+    """A run setting: its default and the help text its command-line flag shows."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
 @dataclass
 class RunConfig:
-    target: str = "smollm2-135m"
-    draft: str = "ngram"  # "ngram", "layers:N", "head", "head:PATH", a model name, or "none"
-    k: int = 4
-    policy: str = "fixed"
-    confidence: float = 0.4
+    """Every setting of one run. The CLI's flags are made from these fields (see cli.add_run_flags)."""
+
+    target: str = _opt("smollm2-135m", "preset, folder, .gguf file or hub id")
+    draft: str = _opt("ngram", "ngram, layers:N, head, head:PATH, a model name or path, or none")
+    k: int = _opt(4, f"tokens drafted per round ({K_MIN}-{K_MAX})")
+    policy: str = _opt("fixed", "how k changes from round to round", choices=POLICIES)
+    confidence: float = _opt(0.4, "the confidence policy stops drafting below this probability")
     sampling: Sampling = field(default_factory=Sampling)
-    max_new_tokens: int = 128
-    prompt: str = ""
-    chat: bool = True  # apply the tokenizer's chat template when it has one
-    baseline: bool = False
-    device: str | None = None
-    dtype: str | None = None
-    compile: bool = False
+    max_new_tokens: int = _opt(128, f"tokens to generate (1-{MAX_NEW_TOKENS})")
+    prompt: str = _opt("", "the text the model continues")
+    chat: bool = _opt(True, "apply the tokenizer's chat template when it has one")
+    baseline: bool = _opt(False, "also decode plainly and compare")
+    device: str | None = _opt(None, "cpu, cuda, cuda:1 (default: best available)")
+    dtype: str | None = _opt(None, "float32, bfloat16, float16 (default: by device)")
+    compile: bool = _opt(False, "torch.compile the models (slow start, faster rounds)")
 
 
 def token_texts(tokenizer) -> Callable[[int], str]:

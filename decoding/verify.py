@@ -6,7 +6,7 @@ and stays on the model's device; the loop reads the results back once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -15,10 +15,11 @@ from .errors import SpecLensError
 
 @dataclass(frozen=True)
 class Sampling:
-    temperature: float = 0.0  # 0 means greedy
-    top_k: int = 0  # 0 means off
-    top_p: float = 1.0
-    seed: int = 0
+    # The help texts are the command line's (see cli.add_run_flags).
+    temperature: float = field(default=0.0, metadata={"help": "0 means greedy"})
+    top_k: int = field(default=0, metadata={"help": "keep only the k most likely tokens (0: off)"})
+    top_p: float = field(default=1.0, metadata={"help": "keep the most likely tokens holding this much mass"})
+    seed: int = field(default=0, metadata={"help": "seed of the sampling draws"})
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.temperature <= 10.0:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
@@ -234,3 +235,47 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
         >= data["1"]["limit_ms"]
         >= data["weight_bytes"] / data["bandwidth_gbs"] / 1e6 * 0.99
     )
+
+
+def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
+    """The flags come from RunConfig's fields: none is missing from a command, none lacks help."""
+    from dataclasses import fields
+
+    from decoding.cli import build_parser, run_config
+    from decoding.runner import RunConfig
+    from decoding.verify import Sampling
+
+    assert all(
+        f.metadata.get("help") for f in [*fields(RunConfig), *fields(Sampling)] if f.name != "sampling"
+    )
+    common = ["--target", "t", "--draft", "head", "--max-new-tokens", "9", "--no-chat", "--dtype", "bfloat16"]
+    common += ["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3"]
+    for command, extra in (
+        ("generate", ["--prompt", "x", "--k", "6", "--policy", "heuristic", "--confidence", "0.2"]),
+        ("bench", ["--prompts", "p.jsonl", "--k", "6", "--policy", "heuristic", "--confidence", "0.2"]),
+        ("sweep", ["--prompt", "x", "--k-from", "2", "--k-to", "5"]),
+    ):
+        cfg = run_config(build_parser().parse_args([command, *extra, *common]))
+        assert cfg.sampling == Sampling(0.7, 5, 0.9, 3), command
+        assert (cfg.target, cfg.draft, cfg.max_new_tokens, cfg.chat, cfg.dtype) == (
+            "t",
+            "head",
+            9,
+            False,
+            "bfloat16",
+        )
+        if command != "sweep":
+            assert (cfg.k, cfg.policy, cfg.confidence) == (6, "heuristic", 0.2)
+
+
+def test_sweep_prints_a_table_and_writes_it(tmp_path, capsys, smol):
+    prompt = "Repeat exactly: the cat sat on the mat. the cat sat on the mat."
+    out = tmp_path / "sweep.csv"
+    argv = ["sweep", "--prompt", prompt, "--k-from", "3", "--k-to", "2", "--max-new-tokens", "8"]
+    assert main([*argv, "--csv-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "best k = " in printed and "tokens_per_round" in printed
+    table = pd.read_csv(out)
+    assert list(table["k"]) == [2, 3] and table["identical_to_baseline"].all()
+    assert main(["sweep", "--prompt", prompt, "--k-from", "0", "--k-to", "3"]) == 2
+    assert "sweep k values must lie in 1..16" in capsys.readouterr().err
