@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export SPECLENS_CACHE ?= $(HOME)/.cache/speclens
 export GRADIO_ANALYTICS_ENABLED := False
 
-.PHONY: setup run test lint browser clean
+.PHONY: setup run test test-fast lint browser clean
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test: setup browser
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
+
+# No model loads, no app, no browser: a minute or two, for the edit-test loop.
+test-fast: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -m "not slow"
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check --fix .

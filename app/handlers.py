@@ -143,6 +143,7 @@ def draft_controls(source: str):
 
 
 def make_config(
+    *,
     prompt,
     target,
     source,
@@ -202,7 +203,21 @@ def trace_views(trace: Trace) -> list:
     ]
 
 
-EXPLORE_OUTPUTS = 12  # timeline, text, cards, 4 charts, 2 downloads, trace state, round slider, sentence
+# The inputs and outputs of the two model-bound events, by name, in the order the UI wires them
+# (ui.py builds its lists from these; a test holds them to the handlers' parameters).
+EXPLORE_INPUTS = (
+    *("prompt", "target", "source", "n_layers", "draft_model", "k", "policy", "confidence"),
+    *("temperature", "top_k", "top_p", "seed", "max_new", "compare"),
+)
+SWEEP_INPUTS = (
+    *("prompt", "target", "source", "n_layers", "draft_model"),
+    *("temperature", "top_k", "top_p", "seed", "max_new", "k_from", "k_to"),
+)
+EXPLORE_OUTPUTS = (
+    *("timeline", "text", "cards", "charts", "trace_json", "trace_csv"),
+    *("trace_state", "round_slider", "sentence"),
+)
+CHARTS = 4  # what trace_figures draws
 
 
 @gpu
@@ -224,22 +239,22 @@ def run_explore(
     request: gr.Request = None,
 ):
     """Stream the timeline while decoding, then every view of the finished (or stopped) run."""
-    rest = [gr.skip()] * (EXPLORE_OUTPUTS - 2)
+    rest = [gr.skip()] * (len(EXPLORE_OUTPUTS) - 3 + CHARTS)  # all but the timeline and the text
     with user_errors(), session_budget(request) as budget:
         config = make_config(
-            prompt,
-            target,
-            source,
-            n_layers,
-            draft_model,
-            k,
-            policy,
-            confidence,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            max_new,
+            prompt=prompt,
+            target=target,
+            source=source,
+            n_layers=n_layers,
+            draft_model=draft_model,
+            k=k,
+            policy=policy,
+            confidence=confidence,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            max_new=max_new,
         )
         last_yield = 0.0
         # Rounds run as the page asks for them: when it goes away Gradio stops asking and the run ends.
@@ -299,19 +314,19 @@ def run_sweep(
     with user_errors(), session_budget(request) as budget:
         lo, hi = sorted((int(k_from), int(k_to)))
         config = make_config(
-            prompt,
-            target,
-            source,
-            n_layers,
-            draft_model,
-            lo,
-            "fixed",
-            0.4,
-            temperature,
-            top_k,
-            top_p,
-            seed,
-            max_new,
+            prompt=prompt,
+            target=target,
+            source=source,
+            n_layers=n_layers,
+            draft_model=draft_model,
+            k=lo,
+            policy="fixed",
+            confidence=RunConfig.confidence,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            max_new=max_new,
         )
 
         def report(done: int, total: int) -> None:

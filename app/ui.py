@@ -223,27 +223,33 @@ def build_demo() -> gr.Blocks:
                     prod_k = gr.Plot(show_label=False, elem_id="prod-best-k")
                 prod_page = gr.File(label="This SpecLens run as a metrics page", elem_id="prod-page")
 
-        decode_inputs = [prompt, target, source, n_layers, draft_model, k, policy, confidence]
-        decode_inputs += [temperature, top_k, top_p, seed, max_new, compare]
+        settings = {
+            **{"target": target, "source": source, "n_layers": n_layers, "draft_model": draft_model},
+            **{"k": k, "policy": policy, "confidence": confidence, "temperature": temperature},
+            **{"top_k": top_k, "top_p": top_p, "seed": seed, "max_new": max_new},
+        }
+        explore_outputs = {
+            **{"timeline": timeline, "text": text, "cards": cards, "charts": figs},
+            **{"trace_json": json_file, "trace_csv": csv_file, "trace_state": trace_state},
+            **{"round_slider": round_no, "sentence": sentence},
+        }
         _while_running(
             run,
             stop,
             h.run_explore,
-            decode_inputs,
-            [timeline, text, cards, *figs, json_file, csv_file, trace_state, round_no, sentence],
+            _wire({**settings, "prompt": prompt, "compare": compare}, h.EXPLORE_INPUTS),
+            _wire(explore_outputs, h.EXPLORE_OUTPUTS),
             "generate",
         )
         round_no.change(
             h.explain_round, [trace_state, round_no], [timeline, sentence], api_name="explain_round"
         )
 
-        sweep_inputs = [sweep_prompt, target, source, n_layers, draft_model]
-        sweep_inputs += [temperature, top_k, top_p, seed, max_new, k_from, k_to]
         _while_running(
             sweep_btn,
             sweep_stop,
             h.run_sweep,
-            sweep_inputs,
+            _wire({**settings, "prompt": sweep_prompt, "k_from": k_from, "k_to": k_to}, h.SWEEP_INPUTS),
             [speedup_plot, accept_plot, sweep_table, sweep_csv, sweep_summary],
             "sweep",
         )
@@ -288,6 +294,15 @@ def build_demo() -> gr.Blocks:
         prev_btn.click(lambda r: max(1, r - 1), replay_round, replay_round, api_visibility="private")
         next_btn.click(lambda r: r + 1, replay_round, replay_round, api_visibility="private")
     return demo
+
+
+def _wire(components: dict, names: tuple[str, ...]) -> list:
+    """The components in the order a handler names them; a name may stand for a list (the charts)."""
+    wired = []
+    for name in names:
+        c = components[name]
+        wired += c if isinstance(c, list) else [c]
+    return wired
 
 
 def _while_running(button, stop, fn, inputs, outputs, api_name: str) -> None:

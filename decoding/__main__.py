@@ -1,3 +1,5 @@
+"""`python -m decoding ...`: the command line (see cli.py)."""
+
 import sys
 
 from .cli import main

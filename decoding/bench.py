@@ -31,7 +31,6 @@ from .models import LoadedModel, load_model
 from .policies import make_policy
 from .runner import RunConfig, encode_prompt, eos_ids, library_versions, token_texts
 from .speculative import Clock, autoregressive_generate, speculative_generate, untraced_generate
-from .trace import Trace
 
 CSV_COLUMNS = [
     "category",
@@ -118,21 +117,6 @@ def _tps(n: int, wall: float) -> float:
     return n / wall if wall > 0 else 0.0
 
 
-def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
-    """The cost model applied to the rounds as they were drafted.
-
-    Each round with k_i proposals is expected to yield E[tokens](alpha, k_i)
-    and to cost k_i * T_draft + V(k_i + 1), with alpha, T_draft and V measured
-    on this run; T_target is plain decoding's time per token.
-    """
-    alpha = costmodel.estimate_alpha(trace)
-    t_draft = costmodel.draft_ms_per_token(trace)
-    verify = costmodel.verify_cost_ms([trace])
-    tokens = sum(costmodel.expected_tokens(alpha, s.k) for s in trace.rounds)
-    cost = sum(s.k * t_draft + verify[s.k + 1] for s in trace.rounds)
-    return tokens * t_target_ms / cost if cost else 0.0
-
-
 def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str) -> dict:
     sampling = cfg.run.sampling
     ids = encode_prompt(target, prompt, cfg.run.chat)
@@ -155,7 +139,9 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
     n = len(a.output.token_ids)
     tps_a, tps_b, tps_d = a.totals.tokens_per_s, _tps(len(b.token_ids), b.wall_s), d.totals.tokens_per_s
     tps_c = _tps(len(c_ids), c_wall) if c_ids is not None else math.nan
-    t_target_ms = costmodel.steady_ms_per_token(b.token_times_s) or b.wall_s * 1e3
+    t_target_ms = (
+        costmodel.target_ms_per_token(b.token_times_s) or math.nan
+    )  # one plain token: no step to time
     return {
         "prompt_tokens": ids.shape[1],
         "new_tokens": n,
@@ -170,7 +156,7 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
         "speedup_vs_plain": tps_a / tps_b,
         "ratio_vs_hf": tps_a / tps_c if c_ids else math.nan,
         "tracing_overhead": tps_d / tps_a - 1,
-        "predicted_speedup": predicted_speedup(a, t_target_ms),
+        "predicted_speedup": costmodel.predicted_speedup(a, t_target_ms),
         "identical_plain": a.output.token_ids == b.token_ids,
         "identical_hf": a.output.token_ids == c_ids if c_ids is not None else None,
         "verify_ms": costmodel.verify_cost_ms([a]),

@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--k-to", type=int, default=6, help=f"largest k ({K_MIN}-{K_MAX})")
     w.add_argument("--csv-out", type=Path, help="write the table as CSV here")
 
+    _add_tool_commands(sub)
+    return parser
+
+
+def _add_tool_commands(sub) -> None:
+    """The commands that do not decode a prompt: metrics, probe, train-head, prepare."""
     m = sub.add_parser(
         "metrics", help="speculative-decoding figures from a vLLM, SGLang or SpecLens metrics page"
     )
@@ -94,7 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
         "prepare", help="convert offline presets into the model cache, or download hub models (once)"
     )
     p.add_argument("models", nargs="*", default=["smollm2-135m"], help="presets or paths to convert")
-    return parser
 
 
 def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:

@@ -1,4 +1,5 @@
-"""The cost model the charts compare measurements with (Leviathan et al. 2023).
+"""The cost model (Leviathan et al. 2023): every prediction SpecLens makes, and
+the one definition of a target step's time they are all measured against.
 
 Pure Python on purpose: `visualize/` uses it on saved traces, without torch.
 alpha: per-token acceptance probability; gamma: draft length; c: draft
@@ -40,9 +41,9 @@ def estimate_alpha(*traces: Trace) -> float:
     + rejections). (`totals.acceptance_rate`, accepted / proposed, is lower
     by construction: positions after a rejection count as proposed.)
     """
-    steps = [s for t in traces for s in t.rounds]
-    accepted = sum(s.n_accepted for s in steps)
-    rejections = sum(1 for s in steps if s.n_accepted < s.k)
+    rounds = [r for t in traces for r in t.rounds]
+    accepted = sum(r.n_accepted for r in rounds)
+    rejections = sum(1 for r in rounds if r.n_accepted < r.k)
     return accepted / (accepted + rejections) if accepted + rejections else 0.0
 
 
@@ -60,15 +61,27 @@ def draft_ms_per_token(trace: Trace) -> float:
     return sum(s.draft_ms for s in trace.rounds) / proposed if proposed else 0.0
 
 
-def steady_ms_per_token(token_times_s: Sequence[float]) -> float | None:
-    """Time per token after the first (so without the prefill), from when each token was ready."""
-    t = token_times_s
+def target_ms_per_token(plain_token_times_s: Sequence[float]) -> float | None:
+    """The one definition of T_target, a plain target step, for the bench, the sweep and the charts:
+    the steady state of plain decoding, from its first token to its last (so the prefill is left out).
+    None when plain decoding made fewer than two tokens: then there is nothing to predict with."""
+    t = plain_token_times_s
     return (t[-1] - t[0]) / (len(t) - 1) * 1e3 if len(t) >= 2 else None
 
 
-def target_ms_per_token(trace: Trace) -> float | None:
-    """One plain target step, from the baseline's steady state."""
-    return steady_ms_per_token(trace.baseline.token_times_s) if trace.baseline else None
+def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
+    """The cost model applied to the rounds as they were drafted.
+
+    Each round with k_i proposals is expected to yield E[tokens](alpha, k_i)
+    and to cost k_i * T_draft + V(k_i + 1), with alpha, T_draft and V measured
+    on this run.
+    """
+    alpha = estimate_alpha(trace)
+    t_draft = draft_ms_per_token(trace)
+    verify = verify_cost_ms([trace])
+    tokens = sum(expected_tokens(alpha, r.k) for r in trace.rounds)
+    cost = sum(r.k * t_draft + verify[r.k + 1] for r in trace.rounds)
+    return tokens * t_target_ms / cost if cost else 0.0
 
 
 def acceptance_by_position(trace: Trace) -> list[tuple[int, int, int]]:

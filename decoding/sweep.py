@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 import pandas as pd
@@ -71,7 +72,8 @@ def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:
     """
     alpha = costmodel.estimate_alpha(*traces)
     verify = costmodel.verify_cost_ms(traces)
-    t_target = costmodel.target_ms_per_token(traces[0]) or verify.get(1) or 1.0
+    # One plain run for every k; with fewer than two plain tokens the predictions are NaN.
+    t_target = costmodel.target_ms_per_token(traces[0].baseline.token_times_s) or math.nan
     rows = []
     for trace in traces:
         k = trace.meta["policy"]["k"]

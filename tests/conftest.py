@@ -103,3 +103,14 @@ def tiny_model_folder(folder: Path, seed: int = 0) -> Path:
     )
     tiny_llama(seed=seed, vocab=len(vocab)).to(torch.float32).save_pretrained(folder)
     return folder
+
+
+# What makes a test slow: SmolLM2 itself, or the app that serves it.
+MODEL_FIXTURES = {"smol", "live_app", "client"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that loads the real model is `slow`, marked or not: `make test-fast` leaves them out."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
