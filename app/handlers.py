@@ -102,6 +102,9 @@ def user_errors() -> Iterator[None]:
         raise gr.Error(str(exc)) from None
     except MemoryError:
         raise gr.Error("out of memory: pick a smaller model or fewer tokens") from None
+    except SystemExit as exc:  # a library called exit() mid-run: this request ends, the server stays up
+        log.error("the decoder raised SystemExit(%s)", exc.code)
+        raise gr.Error(f"the decoder stopped ({type(exc).__name__}); run it again") from None
     except Exception as exc:
         if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError
             raise gr.Error("the GPU ran out of memory: pick a smaller model or fewer tokens") from None
@@ -256,12 +259,16 @@ def run_explore(
             seed=seed,
             max_new=max_new,
         )
-        last_yield = 0.0
         # Rounds run as the page asks for them: when it goes away Gradio stops asking and the run ends.
+        # The run waits while Gradio sends an update, so updates are spaced to keep that wait under a
+        # fifth of the time (and 0.15 s apart at most often: the browser needs no more).
+        shown = wait = 0.0
         for trace in iter_generate(config, budget):
-            if time.perf_counter() - last_yield > 0.15:  # the browser needs no more than this
-                last_yield = time.perf_counter()
+            if time.perf_counter() - shown > max(0.15, 4 * wait):
+                sent = time.perf_counter()
                 yield [timeline_html(trace), "…", *rest]
+                shown = time.perf_counter()
+                wait = shown - sent
         if compare and "stopped" not in trace.meta:
             yield [timeline_html(trace), trace.output.text + "\n\n(decoding plainly to compare…)", *rest]
             compare_with_plain(trace, config, budget)

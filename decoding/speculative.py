@@ -167,29 +167,30 @@ def iter_trace(
     """The run as a Trace that grows by one Round per round: yielded after each
     round, and once more when finished (totals set), so the last one is whole.
 
-    `should_stop` is asked after every round; a reason it gives ends the run
+    `should_stop` is asked after every round but the last (so a budget's
+    clock starts once decoding has begun); a reason it gives ends the run
     there, recorded as `meta["stopped"]`, with the rounds so far intact.
     """
     trace = Trace(meta=dict(meta or {}))
     wall = recording = 0.0
-    reason = should_stop() if should_stop is not None else None
-    if not reason:
-        for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
-            t = time.perf_counter()
-            rnd = record_round(r, token_text)
-            spent = time.perf_counter() - t  # what tracing costs counts in the figures
-            rnd.draft_ms, rnd.verify_ms, rnd.round_ms = (
-                r.draft_s * 1e3,
-                r.verify_s * 1e3,
-                (r.round_s + spent) * 1e3,
-            )
-            recording += spent
-            wall = r.elapsed_s + recording
-            trace.rounds.append(rnd)
-            trace.output.token_ids.extend(r.new_tokens)
-            yield trace
-            if should_stop is not None and (reason := should_stop()):
-                break
+    reason = None
+    for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
+        t = time.perf_counter()
+        rnd = record_round(r, token_text)
+        spent = time.perf_counter() - t  # what tracing costs counts in the figures
+        rnd.draft_ms, rnd.verify_ms, rnd.round_ms = (
+            r.draft_s * 1e3,
+            r.verify_s * 1e3,
+            (r.round_s + spent) * 1e3,
+        )
+        recording += spent
+        wall = r.elapsed_s + recording
+        trace.rounds.append(rnd)
+        trace.output.token_ids.extend(r.new_tokens)
+        yield trace
+        ended = r.finished or len(trace.output.token_ids) >= max_new_tokens
+        if not ended and should_stop is not None and (reason := should_stop()):
+            break
     if reason:
         trace.meta["stopped"] = reason
     trace.finish(wall)

@@ -53,11 +53,11 @@ def test_generate_returns_trace_figures_and_downloads(client):
     assert trace.meta["prompt"] == PROMPT and trace.meta["draft"] == "ngram"
     assert trace.totals.identical_to_baseline is True and trace.totals.speedup > 0
     assert text == trace.output.text and text.strip()
-    assert timeline.count("data-step=") == len(trace.rounds)
+    assert timeline.count("data-round=") == len(trace.rounds)
     assert "identical to plain decoding" in cards
     assert len(figs) == 4 and all(figure_json(f)["data"] for f in figs)
     header = Path(csv_path).read_text().splitlines()[0]
-    assert header.startswith("step,position,kind,token_id")
+    assert header.startswith("round,position,kind,token_id")
     assert round_update["maximum"] == len(trace.rounds)
     assert sentence.startswith("Round 1: the draft")
 
@@ -104,7 +104,7 @@ def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
     check_invariants(trace)
     assert trace.meta["stopped"].startswith("stopped at the 0 s time limit")
     assert 1 <= len(trace.rounds) < 20 and trace.totals.speedup is None  # no comparison after a stop
-    assert "time limit" in cards and timeline.count("data-step=") == len(trace.rounds)
+    assert "time limit" in cards and timeline.count("data-round=") == len(trace.rounds)
 
 
 def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeypatch):
@@ -186,7 +186,7 @@ def test_theory_and_simulate(client):
     fig, text = client.predict(0.8, 0.1, 0.5, 10, api_name="/theory")
     assert "γ = 10" not in text and len(figure_json(fig)["data"]) == 3
     timeline, sentence = client.predict(0.7, 3, 2, 0, api_name="/simulate")
-    assert timeline.count("data-step=") == 2 and "2 rounds gave" in sentence
+    assert timeline.count("data-round=") == 2 and "2 rounds gave" in sentence
 
 
 def test_replay_examples_and_upload(client):
@@ -194,7 +194,7 @@ def test_replay_examples_and_upload(client):
     round_update, timeline, sentence, cards, *figs = client.predict(None, example.stem, api_name="/replay")
     n = len(Trace.load(example).rounds)
     assert round_update["maximum"] == n and sentence.startswith("Round 1:")
-    assert timeline.count("data-step=") == 1 and len(figs) == 4
+    assert timeline.count("data-round=") == 1 and len(figs) == 4
     _, timeline, sentence, *_ = client.predict(handle_file(str(example)), None, api_name="/replay")
     assert sentence.startswith("Round 1:")
     with pytest.raises(Exception, match="upload a trace"):
@@ -211,7 +211,7 @@ def test_replay_examples_and_upload(client):
 )
 def test_a_corrupt_upload_is_refused_naming_its_first_problem(client, tmp_path, mutate, message):
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
-    data = json.loads(example.read_text())
+    data = Trace.load(example).to_dict()  # today's shape; the file is version 2
     mutate(data)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))

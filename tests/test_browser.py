@@ -83,7 +83,7 @@ def test_explore_run_timeline_charts_and_download(page):
         assert chip.is_visible(), kind
         colour = chip.evaluate("e => getComputedStyle(e).backgroundColor")
         assert colour not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)"), (kind, colour)
-    assert page.locator("#timeline [data-step]").count() == len(trace.rounds)
+    assert page.locator("#timeline [data-round]").count() == len(trace.rounds)
     if "rejected" in kinds:
         struck = page.locator("#timeline .sl-rounds .sl-tok.sl-rejected").first
         assert "line-through" in struck.evaluate("e => getComputedStyle(e).textDecorationLine")
@@ -91,7 +91,7 @@ def test_explore_run_timeline_charts_and_download(page):
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
     assert page.locator(".js-plotly-plot").count() >= 4
 
-    first_round = page.locator("#timeline [data-step='0']")
+    first_round = page.locator("#timeline [data-round='0']")
     first_round.hover()
     assert first_round.locator(".sl-explain").is_visible()
     assert first_round.locator(".sl-explain").inner_text().startswith("Round 1:")
@@ -123,8 +123,8 @@ def test_replay_example_and_step_through(page):
         page.wait_for_function(
             f"document.querySelector('#replay-sentence').innerText.startsWith('Round {n}:')", timeout=30_000
         )
-    assert page.locator("#replay-timeline [data-step]").count() == 3
-    assert page.locator("#replay-timeline .sl-selected[data-step='2']").count() == 1
+    assert page.locator("#replay-timeline [data-round]").count() == 3
+    assert page.locator("#replay-timeline .sl-selected[data-round='2']").count() == 1
     page.click("#prev")
     page.wait_for_function(
         "document.querySelector('#replay-sentence').innerText.startsWith('Round 2:')", timeout=30_000
@@ -135,7 +135,7 @@ def test_replay_example_and_step_through(page):
 def test_theory_simulation(page):
     page.get_by_role("tab", name="Theory").click()
     page.click("#simulate")
-    page.wait_for_selector("#sim-timeline [data-step='0']", timeout=30_000)
+    page.wait_for_selector("#sim-timeline [data-round='0']", timeout=30_000)
     page.screenshot(path=ARTIFACTS / "theory.png", full_page=True)
 
 
@@ -143,13 +143,13 @@ def test_stop_a_long_run_then_run_again(page):
     page.fill("#prompt textarea", "Count from one to three hundred, one number per line.")
     set_number(page, "max-new", 512)
     page.click("#run")
-    page.wait_for_selector("#timeline [data-step='2']", timeout=LONG)
+    page.wait_for_selector("#timeline [data-round='2']", timeout=LONG)
     assert page.locator("#run").is_disabled()  # one run at a time from this page
     page.click("#stop")
     page.wait_for_function(
         "document.querySelector('#cards').innerText.includes('stopped by the user')", timeout=60_000
     )
-    rounds = page.locator("#timeline [data-step]").count()
+    rounds = page.locator("#timeline [data-round]").count()
     assert 3 <= rounds < 512
     page.wait_for_function("!document.querySelector('#run').disabled", timeout=30_000)
     page.screenshot(path=ARTIFACTS / "stopped.png", full_page=True)

@@ -86,7 +86,7 @@ def render_or_refuse(text: str) -> None:
     found = TagCollector()
     found.feed(html)
     assert found.tags <= TAGS_WE_WRITE, found.tags
-    assert found.attrs <= {"class", "title", "data-step"}, found.attrs
+    assert found.attrs <= {"class", "title", "data-round"}, found.attrs
 
 
 # Derandomized: CI runs the same 1,300 examples every time (2,000 were run once) (other seeds were tried while writing it).

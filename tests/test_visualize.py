@@ -64,15 +64,15 @@ def test_timeline_escapes_and_colours_every_kind():
     assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>" not in html
     for kind in ("prompt", "accepted", "rejected", "discarded", "correction", "bonus"):
         assert f'class="sl-tok sl-{kind}"' in html
-    assert html.count("data-step=") == 3
+    assert html.count("data-round=") == 3
     assert "↵" in html  # a newline token stays visible
     assert "q (draft) = 0.800" in html and "accept prob" in html  # the hover text
 
 
 def test_timeline_upto_and_selected():
     html = timeline_html(hand_made(), upto=2, selected=1)
-    assert html.count("data-step=") == 2
-    assert 'class="sl-round sl-selected" data-step="1"' in html
+    assert html.count("data-round=") == 2
+    assert 'class="sl-round sl-selected" data-round="1"' in html
 
 
 def test_explanations_say_what_happened():
@@ -108,7 +108,7 @@ def test_example_traces_render(path):
     figs = trace_figures(trace)
     assert len(figs) == 4 and all(len(f.data) >= 1 for f in figs)
     assert "acceptance rate" in stats_html(trace)
-    assert timeline_html(trace).count("data-step=") == len(trace.rounds)
+    assert timeline_html(trace).count("data-round=") == len(trace.rounds)
 
 
 def test_histogram_counts_rounds():

@@ -97,7 +97,7 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
     cls = "sl-round sl-selected" if selected else "sl-round"
     timing = f"{rnd.round_ms:.0f} ms"
     return (
-        f'<div class="{cls}" data-step="{index}">'
+        f'<div class="{cls}" data-round="{index}">'
         f'<span class="sl-label">#{index + 1} · k={rnd.k} · {timing}</span>'
         f'<span class="sl-chips">{"".join(chips)}</span>'
         f'<div class="sl-explain">{escape(explain_round(rnd, index, greedy))}</div>'
