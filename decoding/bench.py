@@ -139,9 +139,8 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
     n = len(a.output.token_ids)
     tps_a, tps_b, tps_d = a.totals.tokens_per_s, _tps(len(b.token_ids), b.wall_s), d.totals.tokens_per_s
     tps_c = _tps(len(c_ids), c_wall) if c_ids is not None else math.nan
-    t_target_ms = (
-        costmodel.target_ms_per_token(b.token_times_s) or math.nan
-    )  # one plain token: no step to time
+    # With a single plain token there is no step to time, and nothing to predict with.
+    t_target_ms = costmodel.target_ms_per_token(b.token_times_s) or math.nan
     return {
         "prompt_tokens": ids.shape[1],
         "new_tokens": n,

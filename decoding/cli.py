@@ -116,8 +116,8 @@ def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = 
         if isinstance(default, bool):  # a switch; one that is on by default is turned off by --no-...
             off = "--no-" + f.name.replace("_", "-")
             kind = {"action": "store_false"} if default else {"action": "store_true"}
-            help = f"do not {f.metadata['help']}" if default else f.metadata["help"]
-            parser.add_argument(off if default else flag, dest=f.name, help=help, **kind)
+            text = f"do not {f.metadata['help']}" if default else f.metadata["help"]
+            parser.add_argument(off if default else flag, dest=f.name, help=text, **kind)
             continue
         kind = {"type": type(default) if default is not None else str, "default": default}
         if "choices" in f.metadata:
