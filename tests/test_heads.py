@@ -165,6 +165,7 @@ def test_rounds_may_hop_threads_and_runs_may_interleave(tiny_target):
         ]
         for ids in prompts
     ]
+    assert all(len(d) == 3 for drafts in alone for d in drafts[:3])  # it drafts, so a lost feature shows
     runs = [run(ids) for ids in prompts]
     last: list = [None, None]
     live = [0, 1]
