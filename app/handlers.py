@@ -24,9 +24,9 @@ from decoding.budget import RunBudget
 from decoding.errors import SpecLensError
 from decoding.models import check_allowed, layer_count
 from decoding.runner import RunConfig, compare_with_plain, iter_generate
+from decoding.sampling import Sampling
 from decoding.sweep import sweep
 from decoding.trace import Trace, agreement, validate
-from decoding.verify import Sampling
 from visualize.cards import stats_html
 from visualize.charts import (
     acceptance_vs_k,
@@ -269,12 +269,12 @@ def run_explore(
                 yield [timeline_html(trace), "…", *rest]
                 shown = time.perf_counter()
                 wait = shown - sent
-        if compare and "stopped" not in trace.meta:
+        if compare and not trace.meta.stopped:
             yield [timeline_html(trace), trace.output.text + "\n\n(decoding plainly to compare…)", *rest]
             compare_with_plain(trace, config, budget)
-        if "stopped" in trace.meta:
+        if trace.meta.stopped:
             gr.Warning(
-                f"{trace.meta['stopped'].capitalize()}: showing the {len(trace.rounds)} rounds before that."
+                f"{trace.meta.stopped.capitalize()}: showing the {len(trace.rounds)} rounds before that."
             )
         yield [
             *trace_views(trace),
@@ -359,7 +359,7 @@ def sweep_agreement(traces: list[Trace]) -> str:
     found = [agreement(t) for t in traces]
     if all(a.good for a in found):
         return "all identical to plain decoding ✓"
-    differ = [str(t.meta["policy"]["k"]) for t, a in zip(traces, found) if a.good is False]
+    differ = [str(t.meta.policy.k) for t, a in zip(traces, found) if a.good is False]
     if differ:
         return f"outputs differ from plain decoding at k = {', '.join(differ)} ✗"
     return next(a.sentence for a in found if not a.good)  # sampling or 16-bit: what holds instead

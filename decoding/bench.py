@@ -18,19 +18,18 @@ import os
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from . import costmodel
-from .drafts import Draft, LayerDraft, ModelDraft, NGramDraft, build_draft
+from . import costmodel, runner
+from .drafts import Draft, LayerDraft, ModelDraft, NGramDraft
 from .errors import SpecLensError
-from .models import LoadedModel, load_model
-from .policies import make_policy
-from .runner import RunConfig, encode_prompt, eos_ids, library_versions, token_texts
-from .speculative import Clock, autoregressive_generate, speculative_generate, untraced_generate
+from .models import LoadedModel
+from .runner import PreparedRun, RunConfig, library_versions
+from .speculative import Clock
 
 CSV_COLUMNS = [
     "category",
@@ -84,13 +83,12 @@ def read_prompts(path: Path, limit: int) -> list[dict]:
     return rows
 
 
-def hf_generate(
-    target: LoadedModel, draft: Draft, k: int, prompt_ids: torch.Tensor, max_new: int
-) -> tuple[list[int], float]:
-    """Hugging Face assisted generation with the drafting that matches `draft`, greedy, constant k."""
+def hf_generate(run: PreparedRun) -> tuple[list[int], float]:
+    """Hugging Face assisted generation with the drafting that matches the run's draft, greedy, constant k."""
+    target, draft, k, ids = run.target, run.draft, run.config.k, run.prompt_ids
     kwargs: dict = {
         "do_sample": False,
-        "max_new_tokens": max_new,
+        "max_new_tokens": run.config.max_new_tokens,
         "pad_token_id": target.tokenizer.eos_token_id,
     }
     if isinstance(draft, NGramDraft):
@@ -108,41 +106,31 @@ def hf_generate(
     clock = Clock(target.device)
     start = clock()
     with torch.inference_mode():
-        out = target.model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), **kwargs)
+        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
     wall = clock() - start
-    return out[0, prompt_ids.shape[1] :].tolist(), wall
+    return out[0, ids.shape[1] :].tolist(), wall
 
 
 def _tps(n: int, wall: float) -> float:
     return n / wall if wall > 0 else 0.0
 
 
-def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str) -> dict:
-    sampling = cfg.run.sampling
-    ids = encode_prompt(target, prompt, cfg.run.chat)
-    eos = eos_ids(target)
-    text = token_texts(target.tokenizer)
-
-    def policy():
-        return make_policy(cfg.run.policy, cfg.run.k, cfg.run.confidence)
-
-    a = speculative_generate(target.model, ids, draft, policy(), sampling, cfg.run.max_new_tokens, eos, text)
-    b = autoregressive_generate(target.model, ids, sampling, cfg.run.max_new_tokens, eos)
+def run_prompt(run: PreparedRun) -> dict:
+    a = runner.speculative(run)
+    b = runner.plain_baseline(run.config)
     # Hugging Face has no head drafting, and its assisted generation is greedy here.
     c_ids, c_wall = (
-        hf_generate(target, draft, cfg.run.k, ids, cfg.run.max_new_tokens)
-        if sampling.greedy and draft.kind != "head"
-        else (None, 0.0)
+        hf_generate(run) if run.config.sampling.greedy and run.draft.kind != "head" else (None, 0.0)
     )
-    d = untraced_generate(target.model, ids, draft, policy(), sampling, cfg.run.max_new_tokens, eos)
+    d = runner.untraced(run)
 
     n = len(a.output.token_ids)
-    tps_a, tps_b, tps_d = a.totals.tokens_per_s, _tps(len(b.token_ids), b.wall_s), d.totals.tokens_per_s
+    tps_a, tps_b, tps_d = a.totals.tokens_per_s, b.tokens_per_s, d.totals.tokens_per_s
     tps_c = _tps(len(c_ids), c_wall) if c_ids is not None else math.nan
     # With a single plain token there is no step to time, and nothing to predict with.
     t_target_ms = costmodel.target_ms_per_token(b.token_times_s) or math.nan
     return {
-        "prompt_tokens": ids.shape[1],
+        "prompt_tokens": run.prompt_ids.shape[1],
         "new_tokens": n,
         "acceptance_rate": a.totals.acceptance_rate,
         "alpha": costmodel.estimate_alpha(a),
@@ -166,17 +154,18 @@ def run_prompt(cfg: BenchConfig, target: LoadedModel, draft: Draft, prompt: str)
 
 def run_bench(cfg: BenchConfig, say: Callable[[str], None] = print) -> pd.DataFrame:
     prompts = read_prompts(cfg.prompts, cfg.limit)
-    target = load_model(cfg.run.target, cfg.run.device, cfg.run.dtype, compile=cfg.run.compile)
-    draft = build_draft(cfg.run.draft, target)
-    if draft is None:
-        raise SpecLensError("the benchmark needs a draft: ngram, layers:N, head or a model name")
+
+    def prepared(prompt: str, draft: Draft | None = None) -> PreparedRun:
+        return runner.prepare(replace(cfg.run, prompt=prompt), draft)
+
+    first = prepared(prompts[0]["prompt"])  # every prompt then reuses its draft
     if cfg.warmup:  # first calls allocate, and with --compile they compile: keep them out of the figures
         t = time.perf_counter()
-        run_prompt(cfg, target, draft, prompts[0]["prompt"])
+        run_prompt(first)
         say(f"warm-up: {time.perf_counter() - t:.1f} s")
     rows, verify, positions = [], [], []
     for i, p in enumerate(prompts, 1):
-        row = run_prompt(cfg, target, draft, p["prompt"])
+        row = run_prompt(prepared(p["prompt"], first.draft))
         verify.append(row.pop("verify_ms"))
         positions += row.pop("by_position")
         rows.append({"category": p["category"], "question_id": p["question_id"], **row})
@@ -186,7 +175,7 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] = print) -> pd.DataFr
             f"identical {row['identical_plain']}/{row['identical_hf']}"
         )
     df = pd.DataFrame(rows)
-    write_results(cfg, df, verify, positions, target, draft.kind)
+    write_results(cfg, df, verify, positions, first.target, first.draft.kind)
     return df
 
 

@@ -106,7 +106,7 @@ def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = 
     """One flag per `RunConfig` field (its sampling's fields included), help texts and all:
     generate, bench and sweep take the same settings the same way."""
     from .runner import RunConfig
-    from .verify import Sampling
+    from .sampling import Sampling
 
     for f in [*fields(RunConfig), *fields(Sampling)]:
         if f.name in (*leave_out, "sampling"):
@@ -130,7 +130,7 @@ def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = 
 def run_config(args: argparse.Namespace, **overrides) -> RunConfig:
     """The `RunConfig` the flags of `add_run_flags` describe."""
     from .runner import RunConfig
-    from .verify import Sampling
+    from .sampling import Sampling
 
     def given(cls) -> dict:
         return {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
@@ -299,8 +299,7 @@ def summary(trace) -> str:
     lines = [
         trace.output.text,
         "",
-        f"target {m['target']} | draft {m['draft']} | policy {m['policy']['name']} k={m['policy']['k']}"
-        f" | {m['device']} {m['dtype']}",
+        f"target {m.target} | draft {m.draft} | policy {m.policy.name} k={m.policy.k} | {m.device} {m.dtype}",
         f"{t.new_tokens} tokens in {t.rounds} rounds: acceptance {t.acceptance_rate:.1%} "
         f"({t.accepted}/{t.proposed}), {t.tokens_per_round:.2f} tokens/round, "
         f"{t.tokens_per_s:.1f} tokens/s",
@@ -310,6 +309,6 @@ def summary(trace) -> str:
             f"plain decoding {t.baseline_tokens_per_s:.1f} tokens/s: speedup x{t.speedup:.2f}, "
             f"{agreement(trace).sentence}"
         )
-    if "stopped" in m:
-        lines.append(f"{m['stopped']}: the figures cover the rounds before that")
+    if m.stopped:
+        lines.append(f"{m.stopped}: the figures cover the rounds before that")
     return "\n".join(lines)

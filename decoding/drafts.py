@@ -17,8 +17,9 @@ import torch
 from .errors import SpecLensError
 from .forward import crop, forward, new_cache
 from .models import LoadedModel, check_same_tokenizer, compile_forward, load_model, public_name
+from .sampling import Sampling
 from .trace import Match
-from .verify import Sampling, warp
+from .verify import warp
 
 TOP_N = 5  # how many alternatives a trace keeps where a round turned
 

@@ -26,7 +26,8 @@ from torch import nn
 
 from .drafts import TOP_N, Draft, Proposal, empty_proposal
 from .errors import SpecLensError
-from .verify import Sampling, warp
+from .sampling import Sampling
+from .verify import warp
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "assets" / "heads"
 MAX_HEAD_FILE_BYTES = 10_000_000  # a Space repository takes no larger file without LFS

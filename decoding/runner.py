@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 import torch
@@ -14,10 +14,10 @@ from .budget import RunStopped
 from .drafts import Draft, build_draft
 from .errors import SpecLensError
 from .models import LoadedModel, load_model, public_name, public_source
-from .policies import K_MAX, K_MIN, POLICIES, make_policy
-from .speculative import StopCheck, autoregressive_generate, iter_trace
-from .trace import Baseline, Trace
-from .verify import Sampling
+from .policies import K_MAX, K_MIN, POLICIES, Policy, make_policy
+from .sampling import Sampling
+from .speculative import StopCheck, autoregressive_generate, iter_trace, untraced_generate
+from .trace import Baseline, RunMeta, Trace
 
 MAX_NEW_TOKENS = 2048
 MAX_CONTEXT = 4096  # prompt + new tokens, whatever the model allows beyond it
@@ -117,37 +117,78 @@ def _target_and_prompt(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
     return target, prompt_ids
 
 
+@dataclass
+class PreparedRun:
+    """One run ready to decode: its models loaded, its prompt encoded and checked."""
+
+    config: RunConfig
+    target: LoadedModel
+    draft: Draft
+    prompt_ids: torch.Tensor
+    eos: set[int]
+    text: Callable[[int], str]  # a token's text, memoised
+
+    def policy(self) -> Policy:
+        """A fresh policy: an adaptive one changes k as the run goes."""
+        return make_policy(self.config.policy, self.config.k, self.config.confidence)
+
+
+def prepare(config: RunConfig, draft: Draft | None = None) -> PreparedRun:
+    """Load (once; models are cached) and encode; `draft` reuses one already built."""
+    make_policy(config.policy, config.k, config.confidence)  # bad settings fail before any load
+    target, prompt_ids = _target_and_prompt(config)
+    draft = draft or build_draft(config.draft, target)
+    if draft is None:
+        raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
+    return PreparedRun(config, target, draft, prompt_ids, eos_ids(target), token_texts(target.tokenizer))
+
+
+def iter_speculative(run: PreparedRun, should_stop: StopCheck | None = None) -> Iterator[Trace]:
+    """The traced run, growing round by round (see `speculative.iter_trace`); the
+    last one is finished, its output text set."""
+    c, policy = run.config, run.policy()
+    for trace in iter_trace(
+        run.target.model,
+        run.prompt_ids,
+        run.draft,
+        policy,
+        c.sampling,
+        c.max_new_tokens,
+        run.eos,
+        run.text,
+        run_meta(run, policy),
+        should_stop,
+    ):
+        yield trace
+    trace.output.text = run.target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
+
+
+def speculative(run: PreparedRun) -> Trace:
+    """The traced run to its end."""
+    for trace in iter_speculative(run):  # noqa: B007 - the last one is the finished trace
+        pass
+    return trace
+
+
+def untraced(run: PreparedRun) -> Trace:
+    """The same rounds, recording only the totals (what tracing costs, in the benchmark)."""
+    c = run.config
+    return untraced_generate(
+        run.target.model, run.prompt_ids, run.draft, run.policy(), c.sampling, c.max_new_tokens, run.eos
+    )
+
+
 def iter_generate(config: RunConfig, should_stop: StopCheck | None = None) -> Iterator[Trace]:
     """Load (once), then decode speculatively: the trace after each round, and
     the finished one last (output text set, compared with plain decoding when
     `config.baseline` asks and the run was not stopped).
 
     A run that `should_stop` ends early keeps its rounds and says why in
-    `meta["stopped"]`.
+    `meta.stopped`.
     """
-    policy = make_policy(config.policy, config.k, config.confidence)
-    target, prompt_ids = _target_and_prompt(config)
-    draft = build_draft(config.draft, target)
-    if draft is None:
-        raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
-    text = token_texts(target.tokenizer)
-    meta = _meta(config, target, draft, policy.describe(), prompt_ids[0].tolist(), text)
-    rounds = iter_trace(
-        target.model,
-        prompt_ids,
-        draft,
-        policy,
-        config.sampling,
-        config.max_new_tokens,
-        eos_ids(target),
-        text,
-        meta,
-        should_stop,
-    )
-    for trace in rounds:
+    for trace in iter_speculative(prepare(config), should_stop):
         yield trace
-    trace.output.text = target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
-    if config.baseline and "stopped" not in trace.meta:
+    if config.baseline and not trace.meta.stopped:
         compare_with_plain(trace, config, should_stop)
     yield trace
 
@@ -164,7 +205,7 @@ def compare_with_plain(trace: Trace, config: RunConfig, should_stop: StopCheck |
     try:
         trace.attach_baseline(plain_baseline(config, should_stop))
     except RunStopped as stop:
-        trace.meta["stopped"] = f"{stop} while decoding plainly to compare"
+        trace.meta.stopped = f"{stop} while decoding plainly to compare"
 
 
 def plain_baseline(config: RunConfig, should_stop: StopCheck | None = None) -> Baseline:
@@ -183,40 +224,26 @@ def plain_baseline(config: RunConfig, should_stop: StopCheck | None = None) -> B
     return Baseline(text, plain.token_ids, plain.wall_s, tps, plain.token_times_s)
 
 
-def _meta(
-    config: RunConfig,
-    target: LoadedModel,
-    draft: Draft,
-    policy: dict,
-    prompt_ids: list[int],
-    text: Callable[[int], str],
-) -> dict:
-    s = config.sampling
-    return {
+def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:
+    c, target = run.config, run.target
+    prompt_ids = run.prompt_ids[0].tolist()
+    return RunMeta(
         # Names, never local paths: a trace is made to be shared.
-        "target": public_name(config.target),
-        "target_source": public_source(config.target, target.source),
-        "draft_kind": draft.kind,
-        "draft": draft.name,
-        "device": str(target.device),
-        "dtype": str(target.dtype).removeprefix("torch."),
-        "compiled": target.compiled,
-        "packed_output_layer": target.packed,
-        "policy": policy,
-        "sampling": {
-            "temperature": s.temperature,
-            "top_k": s.top_k,
-            "top_p": s.top_p,
-            "seed": s.seed,
-            "greedy": s.greedy,
-        },
-        "max_new_tokens": config.max_new_tokens,
-        "prompt": config.prompt,
-        "chat_template": config.chat and bool(getattr(target.tokenizer, "chat_template", None)),
-        "prompt_tokens": len(prompt_ids),
-        # What the target saw, chat template included, token by token: the
-        # timeline shows it and marks where an n-gram draft copied from.
-        "prompt_token_texts": [text(t) for t in prompt_ids],
-        "versions": library_versions(),
-        "started": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+        target=public_name(c.target),
+        target_source=public_source(c.target, target.source),
+        draft_kind=run.draft.kind,
+        draft=run.draft.name,
+        device=str(target.device),
+        dtype=str(target.dtype).removeprefix("torch."),
+        compiled=target.compiled,
+        packed_output_layer=target.packed,
+        policy=replace(policy),
+        sampling=c.sampling,
+        max_new_tokens=c.max_new_tokens,
+        prompt=c.prompt,
+        chat_template=c.chat and bool(getattr(target.tokenizer, "chat_template", None)),
+        prompt_tokens=len(prompt_ids),
+        prompt_token_texts=[run.text(t) for t in prompt_ids],
+        versions=library_versions(),
+        started=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    )

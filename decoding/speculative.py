@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -21,8 +21,9 @@ import torch
 from .drafts import TOP_N, Draft, Proposal, empty_proposal
 from .forward import crop, forward, new_cache
 from .policies import Policy
-from .trace import DraftToken, Emitted, Round, TopToken, Totals, Trace, Verdict, verdict_kind
-from .verify import Sampling, Verification, verify_greedy, verify_sampling, warp
+from .sampling import Sampling
+from .trace import DraftToken, Emitted, Round, RunMeta, TopToken, Totals, Trace, Verdict, verdict_kind
+from .verify import Verification, verify_greedy, verify_sampling, warp
 
 # Asked after every round (and before every plain token): a reason to stop now, or None.
 StopCheck = Callable[[], str | None]
@@ -161,7 +162,7 @@ def iter_trace(
     max_new_tokens: int = 128,
     eos_ids: Collection[int] = (),
     token_text: Callable[[int], str] = str,
-    meta: dict | None = None,
+    meta: RunMeta | None = None,
     should_stop: StopCheck | None = None,
 ) -> Iterator[Trace]:
     """The run as a Trace that grows by one Round per round: yielded after each
@@ -169,9 +170,9 @@ def iter_trace(
 
     `should_stop` is asked after every round but the last (so a budget's
     clock starts once decoding has begun); a reason it gives ends the run
-    there, recorded as `meta["stopped"]`, with the rounds so far intact.
+    there, recorded as `meta.stopped`, with the rounds so far intact.
     """
-    trace = Trace(meta=dict(meta or {}))
+    trace = Trace(meta=replace(meta) if meta else RunMeta())
     wall = recording = 0.0
     reason = None
     for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
@@ -192,7 +193,7 @@ def iter_trace(
         if not ended and should_stop is not None and (reason := should_stop()):
             break
     if reason:
-        trace.meta["stopped"] = reason
+        trace.meta.stopped = reason
     trace.finish(wall)
     yield trace
 
@@ -206,7 +207,7 @@ def speculative_generate(
     max_new_tokens: int = 128,
     eos_ids: Collection[int] = (),
     token_text: Callable[[int], str] = str,
-    meta: dict | None = None,
+    meta: RunMeta | None = None,
     should_stop: StopCheck | None = None,
 ) -> Trace:
     """Draft, verify, repeat to the end; returns the full Trace of the run (see `iter_trace`)."""
@@ -234,7 +235,7 @@ def untraced_generate(
         output += r.new_tokens
         wall, rounds = r.elapsed_s, rounds + 1
         proposed, accepted = proposed + len(r.proposal), accepted + r.verdict.n_accepted
-    trace = Trace(meta={}, totals=Totals.of_counts(rounds, len(output), proposed, accepted, wall))
+    trace = Trace(totals=Totals.of_counts(rounds, len(output), proposed, accepted, wall))
     trace.output.token_ids = output
     return trace
 

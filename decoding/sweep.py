@@ -52,9 +52,9 @@ def sweep(
         if progress:
             progress(i, len(ks))
         trace = generate(dataclasses.replace(config, k=k, policy="fixed", baseline=False), should_stop)
-        if "stopped" in trace.meta:  # a k measured on part of the text compares with nothing
+        if trace.meta.stopped:  # a k measured on part of the text compares with nothing
             if not traces:
-                raise RunStopped(f"{trace.meta['stopped']} before the first k finished")
+                raise RunStopped(f"{trace.meta.stopped} before the first k finished")
             break
         trace.attach_baseline(baseline)
         traces.append(trace)
@@ -76,7 +76,7 @@ def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:
     t_target = costmodel.target_ms_per_token(traces[0].baseline.token_times_s) or math.nan
     rows = []
     for trace in traces:
-        k = trace.meta["policy"]["k"]
+        k = trace.meta.policy.k
         t_draft = costmodel.draft_ms_per_token(trace)
         v = verify.get(k + 1, t_target)
         t = trace.totals

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import TraceError
+from .errors import SpecLensError, TraceError
+from .policies import Policy
+from .sampling import Sampling
 
 TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bonus")
 # 1: verdicts without `kind`, discarded tokens carried numbers. 2: kinds, top-5 lists, n-gram matches.
@@ -184,8 +186,72 @@ OPTIONAL_TOTALS = ("baseline_tokens_per_s", "speedup", "identical_to_baseline")
 
 
 @dataclass
+class RunMeta:
+    """What was run, on what, with which settings; names, never local paths (a trace is shared)."""
+
+    target: str = ""
+    target_source: str = ""  # the hub id (plus the GGUF file of an offline preset)
+    draft_kind: str = ""  # ngram, layers, head or model
+    draft: str = ""
+    device: str = ""
+    dtype: str = ""
+    compiled: bool = False
+    packed_output_layer: bool = False
+    policy: Policy = field(default_factory=lambda: Policy("fixed", 0))  # as it was at the start
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = 0
+    prompt: str = ""
+    chat_template: bool = False
+    prompt_tokens: int = 0
+    # What the target saw, chat template included, token by token: the
+    # timeline shows it and marks where an n-gram draft copied from.
+    prompt_token_texts: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    started: str = ""  # ISO time, UTC
+    stopped: str | None = None  # why the run ended before its end, when it did
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["sampling"]["greedy"] = self.sampling.greedy  # for a reader of the JSON
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunMeta:
+        """Checked field by field; unknown fields are left out and nulls read as unset."""
+        if not isinstance(data, dict):
+            raise TraceError("meta must be an object")
+        known = {f.name for f in fields(cls)}
+        data = {key: value for key, value in data.items() if key in known and value is not None}
+        problem = _meta_problem(data)
+        if problem:
+            raise TraceError(problem)
+        try:
+            return cls(
+                **data | {"policy": _policy(data.get("policy")), "sampling": _sampling(data.get("sampling"))}
+            )
+        except SpecLensError as exc:
+            raise TraceError(f"meta: {exc}") from None
+
+
+def _policy(data: dict | None) -> Policy:
+    data = data or {}
+    return Policy(data.get("name", "fixed"), data.get("k", 0), data.get("min_confidence"))
+
+
+def _sampling(data: dict | None) -> Sampling:
+    data = dict(data or {})
+    greedy = data.pop("greedy", True)
+    if "temperature" not in data and not greedy:  # a hand-made trace that said only "sampled"
+        data["temperature"] = 1.0
+    return Sampling(**{key: value for key, value in data.items() if key in _SAMPLING_FIELDS})
+
+
+_SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
+
+
+@dataclass
 class Trace:
-    meta: dict[str, Any]
+    meta: RunMeta = field(default_factory=RunMeta)
     rounds: list[Round] = field(default_factory=list)
     totals: Totals = field(default_factory=Totals)
     output: Output = field(default_factory=lambda: Output("", []))
@@ -227,7 +293,7 @@ class Trace:
     # -- serialisation -------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"meta": self.meta.to_dict()}
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
@@ -248,7 +314,7 @@ class Trace:
             rounds = [_round_from_dict(r) for r in data["rounds"]]
             totals = data.get("totals")
             return cls(
-                meta=dict(data["meta"]),
+                meta=RunMeta.from_dict(data["meta"]),
                 rounds=rounds,
                 totals=Totals.from_dict(totals) if totals else Totals.of_rounds(rounds, 0.0),
                 output=Output(**data["output"]),
@@ -389,10 +455,10 @@ def validate(trace: Trace) -> None:
     field a view reads is checked for its type here, then the rounds for
     their logic.
     """
-    problem = _meta_problem(trace.meta) or _parts_problem(trace)
+    problem = _meta_problem(trace.meta.to_dict()) or _parts_problem(trace)
     if problem:
         raise TraceError(problem)
-    sampled = not trace.meta.get("sampling", {}).get("greedy", True)
+    sampled = not trace.meta.sampling.greedy
     for i, s in enumerate(trace.rounds):
         problem = _round_problem(s, i == len(trace.rounds) - 1, sampled)
         if problem:
@@ -421,24 +487,54 @@ def _is_ids(x: Any) -> bool:
     return isinstance(x, list) and all(_is_int(i) for i in x)
 
 
-def _meta_problem(meta: Any) -> str | None:
-    if not isinstance(meta, dict):
-        return "meta must be an object"
-    for key in ("prompt", "target", "target_source", "draft", "draft_kind", "device", "dtype", "stopped"):
+def _meta_problem(meta: dict[str, Any]) -> str | None:
+    for key in (
+        "prompt",
+        "target",
+        "target_source",
+        "draft",
+        "draft_kind",
+        "device",
+        "dtype",
+        "started",
+        "stopped",
+    ):
         if meta.get(key) is not None and not isinstance(meta[key], str):
             return f"meta.{key} must be text"
-    if "prompt_tokens" in meta and not _is_int(meta["prompt_tokens"]):
-        return "meta.prompt_tokens must be a whole number"
-    texts = meta.get("prompt_token_texts")
-    if texts is not None and not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
+    for key in ("compiled", "packed_output_layer", "chat_template"):
+        if not isinstance(meta.get(key, False), bool):
+            return f"meta.{key} must be true or false"
+    for key in ("prompt_tokens", "max_new_tokens"):
+        if not _is_int(meta.get(key, 0)):
+            return f"meta.{key} must be a whole number"
+    if not _is_texts(meta.get("prompt_token_texts", [])):
         return "meta.prompt_token_texts must be a list of texts"
-    sampling = meta.get("sampling", {})  # present means an object: the views read it
-    if not (isinstance(sampling, dict) and isinstance(sampling.get("greedy", True), bool)):
-        return "meta.sampling must be an object whose greedy is true or false"
+    versions = meta.get("versions", {})
+    if not (isinstance(versions, dict) and _is_texts(list(versions.values()))):
+        return "meta.versions must map names to texts"
+    sampling = meta.get("sampling", {})
+    if not (
+        isinstance(sampling, dict)
+        and isinstance(sampling.get("greedy", True), bool)
+        and all(_is_num(sampling.get(key, 0)) for key in ("temperature", "top_p"))
+        and all(_is_int(sampling.get(key, 0)) for key in ("top_k", "seed"))
+    ):
+        return "meta.sampling must be an object: greedy true or false, temperature and top_p numbers, top_k and seed whole"
     policy = meta.get("policy", {})
-    if not (isinstance(policy, dict) and _is_int(policy.get("k", 0))):
-        return "meta.policy must be an object with a whole-number k"
+    if not (
+        isinstance(policy, dict)
+        and isinstance(policy.get("name", ""), str)
+        and _is_int(policy.get("k", 0))
+        and (policy.get("min_confidence") is None or _is_num(policy["min_confidence"]))
+    ):
+        return (
+            "meta.policy must be an object with a name, a whole-number k and min_confidence a number or null"
+        )
     return None
+
+
+def _is_texts(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(t, str) for t in x)
 
 
 def _parts_problem(trace: Trace) -> str | None:
@@ -544,8 +640,7 @@ def agreement(trace: Trace) -> Agreement | None:
     first = next((i for i, (a, b) in enumerate(zip(ours, plain)) if a != b), None)
     if first is None and len(ours) != len(plain):
         first = min(len(ours), len(plain))
-    sampling = trace.meta.get("sampling", {})
-    if not sampling.get("greedy", True):
+    if not trace.meta.sampling.greedy:
         return Agreement(
             "same distribution as plain sampling",
             "≈",
@@ -556,12 +651,12 @@ def agreement(trace: Trace) -> Agreement | None:
     if first is None:
         return Agreement("identical to plain decoding", "✓", True, "output identical to plain decoding")
     where = f"first difference at output token {first + 1}"
-    if trace.meta.get("dtype") in ("bfloat16", "float16"):
+    if trace.meta.dtype in ("bfloat16", "float16"):
         return Agreement(
-            f"may differ at near-ties ({trace.meta['dtype']})",
+            f"may differ at near-ties ({trace.meta.dtype})",
             f"≠ from token {first + 1}",
             None,
-            f"output differs from plain decoding, {where}: expected in {trace.meta['dtype']}, "
+            f"output differs from plain decoding, {where}: expected in {trace.meta.dtype}, "
             "whose k-token and one-token passes round near-ties differently",
             first,
         )

@@ -50,7 +50,7 @@ def test_generate_returns_trace_figures_and_downloads(client):
     )
     trace = Trace.load(json_path)
     check_invariants(trace)
-    assert trace.meta["prompt"] == PROMPT and trace.meta["draft"] == "ngram"
+    assert trace.meta.prompt == PROMPT and trace.meta.draft == "ngram"
     assert trace.totals.identical_to_baseline is True and trace.totals.speedup > 0
     assert text == trace.output.text and text.strip()
     assert timeline.count("data-round=") == len(trace.rounds)
@@ -102,7 +102,7 @@ def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
     )
     trace = Trace.load(json_path)
     check_invariants(trace)
-    assert trace.meta["stopped"].startswith("stopped at the 0 s time limit")
+    assert trace.meta.stopped.startswith("stopped at the 0 s time limit")
     assert 1 <= len(trace.rounds) < 20 and trace.totals.speedup is None  # no comparison after a stop
     assert "time limit" in cards and timeline.count("data-round=") == len(trace.rounds)
 
@@ -121,7 +121,7 @@ def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeyp
     monkeypatch.setattr(runner, "load_model", slow_load)
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=8, compare=False), api_name="/generate")
     trace = Trace.load(json_path)
-    assert "stopped" not in trace.meta and trace.totals.new_tokens == 8
+    assert trace.meta.stopped is None and trace.totals.new_tokens == 8
 
 
 def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(client):
@@ -133,7 +133,7 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
     *_, json_path, _, _, _ = job.result(timeout=120)
     trace = Trace.load(json_path)
     check_invariants(trace)
-    assert trace.meta["stopped"] == "stopped by the user" and 0 < trace.totals.new_tokens < 400
+    assert trace.meta.stopped == "stopped by the user" and 0 < trace.totals.new_tokens < 400
     *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
@@ -165,7 +165,7 @@ def test_two_sessions_get_their_own_traces(live_app):
     jobs = [c.submit(**generate_args(p, max_new=12), api_name="/generate") for c, p in zip((a, b), prompts)]
     for job, prompt in zip(jobs, prompts):
         *_, json_path, _, _, _ = job.result(timeout=300)
-        assert Trace.load(json_path).meta["prompt"] == prompt
+        assert Trace.load(json_path).meta.prompt == prompt
 
 
 def test_sweep(client):

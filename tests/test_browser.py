@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from decoding.trace import Trace, check_invariants
+from decoding.trace import RunMeta, Trace, check_invariants
 
 pytestmark = pytest.mark.slow
 
@@ -177,7 +177,7 @@ def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
         1.0,
         2.0,
     )
-    trace = Trace(meta={"prompt": "<i>hi</i>", "sampling": {"greedy": True}}, rounds=[step])
+    trace = Trace(meta=RunMeta(prompt="<i>hi</i>"), rounds=[step])
     trace.output = Output("x", [1, 3])
     trace.finish(0.01)
     path = tmp_path / "hostile.json"

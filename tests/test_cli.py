@@ -67,7 +67,7 @@ def test_a_local_model_is_named_by_its_folder_alone(tmp_path, capsys, mismatched
     args = ["--target", str(mismatched_draft), "--draft", "ngram", "--max-new-tokens", "4", "--no-chat"]
     assert main(["generate", "--prompt", "a b a b a b", *args, "--trace-out", str(out)]) == 0
     meta = Trace.load(out).meta
-    assert meta["target"] == meta["target_source"] == mismatched_draft.name
+    assert meta.target == meta.target_source == mismatched_draft.name
     assert str(mismatched_draft.parent) not in out.read_text()
 
 
@@ -243,7 +243,7 @@ def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
 
     from decoding.cli import build_parser, run_config
     from decoding.runner import RunConfig
-    from decoding.verify import Sampling
+    from decoding.sampling import Sampling
 
     assert all(
         f.metadata.get("help") for f in [*fields(RunConfig), *fields(Sampling)] if f.name != "sampling"

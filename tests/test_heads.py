@@ -25,9 +25,9 @@ from decoding.heads import (
     load_head,
 )
 from decoding.policies import make_policy
+from decoding.sampling import Sampling
 from decoding.speculative import autoregressive_generate, iter_trace, speculative_generate
 from decoding.trace import check_invariants
-from decoding.verify import Sampling
 
 SHIPPED = ROOT / "assets" / "heads" / "smollm2-135m"
 

@@ -51,7 +51,7 @@ def one_session(url: str, i: int) -> list[dict]:
         *_, json_path, _, _, _ = client.predict(**generate_args(prompt, max_new=6), api_name="/generate")
         total = time.monotonic() - start
         trace = Trace.load(json_path)
-        assert trace.meta["prompt"] == prompt, "another session's trace"
+        assert trace.meta.prompt == prompt, "another session's trace"
         work = trace.totals.wall_s + trace.baseline.wall_s
         done.append({"kind": "generate", "total": total, "running": work})
     if i % 4 == 0:
@@ -242,7 +242,7 @@ def test_odd_prompts_run_and_come_back_as_typed(client, prompt):
         **generate_args(prompt, max_new=3, compare=False), api_name="/generate"
     )
     trace = Trace.load(json_path)
-    assert trace.meta["prompt"] == prompt and trace.totals.new_tokens == 3
+    assert trace.meta.prompt == prompt and trace.totals.new_tokens == 3
 
 
 @pytest.mark.parametrize(

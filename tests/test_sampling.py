@@ -17,8 +17,9 @@ from scipy.stats import chisquare
 from decoding.drafts import ModelDraft, NGramDraft
 from decoding.forward import forward, new_cache
 from decoding.policies import make_policy
+from decoding.sampling import Sampling
 from decoding.speculative import speculative_generate
-from decoding.verify import Sampling, verify_sampling, warp
+from decoding.verify import verify_sampling, warp
 
 ALPHA = 1e-3
 

@@ -12,9 +12,9 @@ from conftest import ROOT
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
 from decoding.errors import TraceError
 from decoding.policies import make_policy
+from decoding.sampling import Sampling
 from decoding.speculative import speculative_generate, untraced_generate
-from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, Trace, check_invariants, validate
-from decoding.verify import Sampling
+from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, RunMeta, Trace, check_invariants, validate
 
 V1_TRACE = Path(__file__).parent / "data" / "trace-v1.json"  # written before verdicts had kinds
 
@@ -154,6 +154,12 @@ def corrupt(data: dict, path: str, value) -> dict:
         ("totals.accepted", 999, "totals.accepted is 999"),
         ("version", 99, "unknown version 99"),
         ("steps.0.verdicts", "nope", "not a SpecLens trace"),
+        ("meta", [1], "meta must be an object"),
+        ("meta.compiled", "yes", "meta.compiled must be true or false"),
+        ("meta.prompt_tokens", "many", "meta.prompt_tokens must be a whole number"),
+        ("meta.sampling.temperature", "hot", "meta.sampling must be an object"),
+        ("meta.sampling.temperature", 99.0, "meta: temperature must be between 0 and 10"),
+        ("meta.policy.k", 2.5, "meta.policy must be an object"),
     ],
 )
 def test_a_corrupt_trace_is_refused_naming_its_first_problem(path, value, message):
@@ -168,6 +174,16 @@ def test_a_discarded_token_with_numbers_is_refused():
     step.verdicts[-1].p = 0.5
     with pytest.raises(TraceError, match="never judged"):
         validate(trace)
+
+
+def test_meta_loads_typed_from_old_and_hand_made_traces():
+    meta = Trace.load(V1_TRACE).meta
+    assert isinstance(meta, RunMeta) and meta.policy.k == 4 and meta.sampling.greedy
+    assert meta.prompt_token_texts == [] and meta.stopped is None  # not recorded in version 1
+    data = meta.to_dict()
+    assert data["sampling"]["greedy"] is True and data["policy"]["name"] == "fixed"
+    hand_made = RunMeta.from_dict({"sampling": {"greedy": False}, "prompt": None, "colour": "red"})
+    assert not hand_made.sampling.greedy and hand_made.prompt == "" and not hasattr(hand_made, "colour")
 
 
 @pytest.mark.parametrize("text", ["", "[1, 2]", "{not json", '{"meta": {}}'])
@@ -231,7 +247,7 @@ def test_ngram_rounds_say_where_they_copied_from(tiny_target):
         NGramDraft(),
         make_policy("fixed", 4),
         max_new_tokens=30,
-        meta={"prompt": "p", "prompt_tokens": len(prompt_ids), "prompt_token_texts": texts},
+        meta=RunMeta(prompt="p", prompt_tokens=len(prompt_ids), prompt_token_texts=texts),
     )
     seq = list(prompt_ids)
     for s in trace.rounds:

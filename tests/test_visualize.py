@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from conftest import ROOT
 
 from decoding import costmodel
-from decoding.trace import DraftToken, Emitted, Output, Round, Trace, Verdict, check_invariants
+from decoding.sampling import Sampling
+from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, check_invariants
 from visualize.cards import stats_html
 from visualize.charts import accepted_length_histogram, theory_figure, trace_figures
 from visualize.explain import explain_round
@@ -48,7 +50,7 @@ def hand_made() -> Trace:
         ),
         Round(1, [DraftToken(8, "</s>", 0.9)], [Verdict(0.9, 1.0, None, True)], 1, None, 5.0, 15.0, 20.0),
     ]
-    trace = Trace(meta={"prompt": "Hi & <b>bold</b>", "sampling": {"greedy": True}}, rounds=steps)
+    trace = Trace(meta=RunMeta(prompt="Hi & <b>bold</b>"), rounds=steps)
     trace.output = Output("x", [1, 4, 5, 6, 7, 8])
     trace.finish(0.1)
     return trace
@@ -190,7 +192,7 @@ def test_discarded_tokens_are_greyed_unjudged_and_out_of_the_acceptance_chart():
 def with_baseline(trace: Trace, ids: list[int], greedy: bool = True, dtype: str = "float32") -> Trace:
     from decoding.trace import Baseline
 
-    trace.meta |= {"sampling": {"greedy": greedy}, "dtype": dtype}
+    trace.meta = replace(trace.meta, sampling=Sampling(temperature=0.0 if greedy else 0.8), dtype=dtype)
     trace.attach_baseline(Baseline("x", ids, 1.0, 6.0))
     return trace
 

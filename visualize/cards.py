@@ -25,7 +25,7 @@ def stats_html(trace: Trace) -> str:
         cls = {True: "sl-good", False: "sl-bad", None: ""}[same.good]
         cards.append(_card(same.label, same.value, cls, tip=same.sentence))
     m = trace.meta
-    caption = f"{m.get('target', '?')} · draft {m.get('draft', '?')} · {t.new_tokens} tokens in {t.rounds} rounds · {m.get('device', '')} {m.get('dtype', '')}"
-    if m.get("stopped"):
-        caption += f" · {m['stopped']}"
+    caption = f"{m.target or '?'} · draft {m.draft or '?'} · {t.new_tokens} tokens in {t.rounds} rounds · {m.device} {m.dtype}"
+    if m.stopped:
+        caption += f" · {m.stopped}"
     return f'<div class="sl-cards">{"".join(cards)}</div><div class="sl-caption">{escape(caption)}</div>'

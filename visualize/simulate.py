@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import random
 
-from decoding.trace import DraftToken, Emitted, Output, Round, Trace, Verdict, verdict_kind
+from decoding.sampling import Sampling
+from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, verdict_kind
 
 TEXT = [
     "Speculative",
@@ -64,7 +65,9 @@ WRONG = ["banana", "purple", "seven", "cloud", "quietly", "engine", "river", "ma
 def simulate_trace(alpha: float, gamma: int, rounds: int, seed: int = 0) -> Trace:
     rng = random.Random(seed)
     trace = Trace(
-        meta={"target": "simulation", "draft": f"accepts with α={alpha:.2f}", "sampling": {"greedy": False}},
+        meta=RunMeta(
+            target="simulation", draft=f"accepts with α={alpha:.2f}", sampling=Sampling(temperature=1.0)
+        ),
     )
     pos = 0
     ids: list[int] = []

@@ -107,10 +107,10 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
 
 def _prompt_html(trace: Trace, selected: Round | None) -> str:
     meta = trace.meta
-    texts: list[str] = meta.get("prompt_token_texts") or []
-    tip = f"{meta.get('prompt_tokens', '?')} prompt tokens"
+    texts = meta.prompt_token_texts
+    tip = f"{meta.prompt_tokens or '?'} prompt tokens"
     if not texts:  # a version-1 trace: the prompt as the user typed it
-        return _token("prompt", meta.get("prompt", ""), tip)
+        return _token("prompt", meta.prompt, tip)
     marks = [""] * len(texts)
     m = selected.match if selected is not None else None
     if m is not None:
@@ -132,17 +132,17 @@ def legend_html() -> str:
 def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = None) -> str:
     """The timeline of rounds [0, upto) (all when None), with round `selected` highlighted."""
     steps = trace.rounds if upto is None else trace.rounds[:upto]
-    greedy = bool(trace.meta.get("sampling", {}).get("greedy", True))
-    prompt_texts = trace.meta.get("prompt_token_texts") or []
+    greedy = trace.meta.sampling.greedy
+    prompt_texts = trace.meta.prompt_token_texts
     parts = [legend_html(), '<div class="sl-rounds">']
-    if trace.meta.get("prompt"):
+    if trace.meta.prompt:
         chosen = steps[selected] if selected is not None and 0 <= selected < len(steps) else None
         parts.append(
             f'<div class="sl-prompt"><span class="sl-label">prompt</span>{_prompt_html(trace, chosen)}</div>'
         )
     parts += [_round_html(s, i, greedy, i == selected, prompt_texts) for i, s in enumerate(steps)]
-    if trace.meta.get("stopped") and upto is None:
-        parts.append(f'<p class="sl-empty">{escape(trace.meta["stopped"].capitalize())}.</p>')
+    if trace.meta.stopped and upto is None:
+        parts.append(f'<p class="sl-empty">{escape(trace.meta.stopped.capitalize())}.</p>')
     parts.append("</div>")
     return f'<div class="sl-timeline">{"".join(parts)}</div>'
 
