@@ -48,11 +48,11 @@ def estimate_alpha(*traces: Trace) -> float:
 
 
 def verify_cost_ms(traces: Sequence[Trace]) -> dict[int, float]:
-    """Mean verify time by the number of tokens checked (k + 1), over rounds of all traces."""
+    """Mean verify time by the number of tokens checked (k + 1, or a tree's nodes + 1), over rounds of all traces."""
     times: dict[int, list[float]] = defaultdict(list)
     for trace in traces:
         for s in trace.rounds:
-            times[s.k + 1].append(s.verify_ms)
+            times[s.checked].append(s.verify_ms)
     return {n: sum(v) / len(v) for n, v in sorted(times.items())}
 
 
@@ -80,7 +80,7 @@ def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
     t_draft = draft_ms_per_token(trace)
     verify = verify_cost_ms([trace])
     tokens = sum(expected_tokens(alpha, r.k) for r in trace.rounds)
-    cost = sum(r.k * t_draft + verify[r.k + 1] for r in trace.rounds)
+    cost = sum(r.k * t_draft + verify[r.checked] for r in trace.rounds)
     return tokens * t_target_ms / cost if cost else 0.0
 
 

@@ -19,6 +19,7 @@ from .forward import crop, forward, new_cache
 from .models import LoadedModel, check_same_tokenizer, compile_forward, load_model, public_name
 from .sampling import Sampling
 from .trace import Match
+from .tree import TokenTree, TreeShape, additive, grow_tree, level_mask
 from .verify import warp
 
 TOP_N = 5  # how many alternatives a trace keeps where a round turned
@@ -52,6 +53,7 @@ class Proposal:
 class Draft(ABC):
     kind: str = ""
     name: str = ""
+    drafts_trees: bool = False  # whether `propose_tree` is implemented
 
     def reset(self) -> None:
         """Forget everything: a new sequence starts."""
@@ -67,8 +69,14 @@ class Draft(ABC):
     ) -> Proposal:
         """Up to k tokens to follow `seq`; stop early below `min_confidence`."""
 
-    def rollback(self, length: int) -> None:
-        """Only the first `length` tokens of what was seen are still valid."""
+    def rollback(self, length: int, rows: list[int] | None = None) -> None:
+        """Only the first `length` tokens of what was seen are still valid. After a tree
+        round, `rows` are the rows of the target's pass that were kept (the root's and
+        the accepted path's), in order."""
+
+    def propose_tree(self, seq: torch.Tensor, depth: int, shape: TreeShape, stop_ids: set[int]) -> TokenTree:
+        """A tree of up to `shape.nodes` tokens, `depth` deep, to follow `seq` (see decoding/tree.py)."""
+        raise SpecLensError(f"a {self.kind} draft cannot draft a token tree yet: use a chain (tree nodes 0)")
 
     def watching_target(self) -> contextlib.AbstractContextManager:
         """The loop runs each target pass inside this: a head draft reads the target's features there."""
@@ -83,6 +91,7 @@ class ModelDraft(Draft):
     """A smaller causal LM with the target's tokenizer, with its own KV cache."""
 
     kind = "model"
+    drafts_trees = True
 
     def __init__(self, model: torch.nn.Module, vocab_size: int, name: str) -> None:
         self.model = model
@@ -118,8 +127,33 @@ class ModelDraft(Draft):
         top = (torch.stack([t.values for t in tops]), torch.stack([t.indices for t in tops]))
         return Proposal(torch.stack(tokens), torch.stack(qs), torch.stack(dists) if dists else None, top)
 
-    def rollback(self, length: int) -> None:
+    def rollback(self, length: int, rows: list[int] | None = None) -> None:
         crop(self.cache, length)
+
+    def propose_tree(self, seq, depth, shape, stop_ids):
+        """Each level is one pass of the draft over the nodes it expands, each node
+        seeing `seq` and its own ancestors; the cache is back at `seq` afterwards."""
+        start = seq.shape[1]
+        slots: dict[int, int] = {}  # node -> its position in the draft's cache
+
+        def expand(tree: TokenTree, frontier: list[int]) -> list[list[tuple[int, float]]]:
+            past = self.cache.get_seq_length()
+            if frontier == [-1]:
+                logits = forward(self.model, seq[:, past:], self.cache, keep=1)
+            else:
+                ids = torch.tensor([[tree.tokens[i] for i in frontier]], device=seq.device)
+                positions = torch.tensor([[start - 1 + tree.depth(i) for i in frontier]], device=seq.device)
+                allowed = level_mask(tree, frontier, slots, start, past).to(seq.device)
+                mask = additive(allowed, self.model.dtype)[None, None]
+                logits = forward(self.model, ids, self.cache, position_ids=positions, mask=mask)
+                slots.update({node: past + j for j, node in enumerate(frontier)})
+            top = torch.topk(_fit_vocab(logits, self.vocab_size).float().softmax(-1), shape.branch)
+            return [list(zip(i.tolist(), p.tolist())) for p, i in zip(top.values, top.indices)]
+
+        try:
+            return grow_tree(expand, depth, shape, stop_ids)
+        finally:
+            crop(self.cache, start)
 
 
 def _fit_vocab(logits: torch.Tensor, width: int) -> torch.Tensor:
@@ -177,9 +211,33 @@ class NGramDraft(Draft):
 
     kind = "ngram"
     name = "ngram"
+    drafts_trees = True
 
     def __init__(self, max_ngram: int = 3) -> None:
         self.max_ngram = max_ngram
+
+    def propose_tree(self, seq, depth, shape, stop_ids):
+        """Every earlier occurrence of the suffix votes for what followed it: a node's
+        children are those tokens, most votes first, with their share of the votes as q."""
+
+        def expand(tree: TokenTree, frontier: list[int]) -> list[list[tuple[int, float]]]:
+            paths = [[tree.tokens[i] for i in tree.path(n)] for n in frontier]
+            return [self.continuations(torch.cat([seq[0], seq.new_tensor(path)])) for path in paths]
+
+        return grow_tree(expand, depth, shape, stop_ids)
+
+    def continuations(self, ids: torch.Tensor) -> list[tuple[int, float]]:
+        """What followed the earlier occurrences of the longest suffix (up to `max_ngram`) that recurs."""
+        length = ids.shape[0]
+        for n in range(min(self.max_ngram, length - 1), 0, -1):
+            windows = ids.unfold(0, n, 1)[: length - n]
+            hits = (windows == ids[length - n :]).all(-1).nonzero().flatten()
+            if hits.numel():
+                following = ids[hits + n].tolist()  # in order of occurrence
+                votes = {t: following.count(t) for t in dict.fromkeys(following)}
+                ranked = sorted(votes, key=lambda t: -votes[t])  # stable: ties stay earliest first
+                return [(t, votes[t] / len(following)) for t in ranked]
+        return []
 
     def propose(self, seq, k, sampling, generator, min_confidence=None):
         ids = seq[0]

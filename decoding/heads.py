@@ -27,6 +27,7 @@ from torch import nn
 from .drafts import TOP_N, Draft, Proposal, empty_proposal
 from .errors import SpecLensError
 from .sampling import Sampling
+from .tree import TokenTree, grow_tree, level_mask
 from .verify import warp
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "assets" / "heads"
@@ -192,16 +193,27 @@ class EagleHead(nn.Module):
         """The target id of each draft-vocabulary entry."""
         return torch.arange(self.c.draft_vocab_size, device=self.d2t.device) + self.d2t
 
-    def step(self, emb: torch.Tensor, feature: torch.Tensor, cache: HeadCache) -> torch.Tensor:
-        """New rows (embeddings [n, h] and features [n, h]) after the cached ones: their outputs."""
+    def step(
+        self,
+        emb: torch.Tensor,
+        feature: torch.Tensor,
+        cache: HeadCache,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """New rows (embeddings [n, h] and features [n, h]) after the cached ones: their outputs.
+
+        By default the rows follow one another; a tree's level gives each row its
+        position and a bool `mask` [n, cached + n] of the rows it may see."""
         start = len(cache)
-        positions = torch.arange(start, start + emb.shape[0], device=emb.device)
+        if positions is None:
+            positions = torch.arange(start, start + emb.shape[0], device=emb.device)
         attn = self.midlayer.self_attn
         q, k, v = attn.project(self.midlayer.attention_input(emb, feature), positions)
         keys, values = cache.append(k, v)
         n, total = q.shape[1], keys.shape[1]
-        # Row i sees every cached row and the new rows up to itself.
-        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
+        if mask is None:  # row i sees every cached row and the new rows up to itself
+            mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(total - n)
         attended = F.scaled_dot_product_attention(q, attn.expand(keys), attn.expand(values), attn_mask=mask)
         return self.midlayer.finish(feature, attended)
 
@@ -266,6 +278,7 @@ class HeadDraft(Draft):
     """Drafts with a trained head reading the target's features; `kind` "head"."""
 
     kind = "head"
+    drafts_trees = True
 
     def __init__(self, head: EagleHead, target: nn.Module, name: str) -> None:
         self.head = head
@@ -285,18 +298,28 @@ class HeadDraft(Draft):
     def watching_target(self) -> contextlib.AbstractContextManager:
         return self.tap.recording(self.rows)
 
-    @torch.inference_mode()
-    def propose(self, seq, k, sampling, generator, min_confidence=None):
+    def _read_target(self, seq: torch.Tensor) -> torch.Tensor | None:
+        """Feed the head the target's new features: the output row that predicts the
+        token after `seq`, or None when the features do not line up with `seq`."""
         feats = self.tap.take(self.rows)
         n = feats.shape[0]
         if n == 0 or self.fed + n != seq.shape[1] - 1:
-            return empty_proposal(seq.device)  # the features do not line up: draft nothing
+            return None
         head = self.head
         dtype = head.fc.weight.dtype
         # Feature of position t, embedding of token t+1: the last row predicts the next token.
         emb = self.embed(seq[0, self.fed + 1 :]).to(dtype)
         out = head.step(emb, head.fc(feats.to(dtype)), self.cache)[-1:]
         self.fed += n
+        return out
+
+    @torch.inference_mode()
+    def propose(self, seq, k, sampling, generator, min_confidence=None):
+        out = self._read_target(seq)
+        if out is None:
+            return empty_proposal(seq.device)  # draft nothing
+        head = self.head
+        dtype = head.fc.weight.dtype
         draft_ids = head.draft_ids
         tokens, qs, dists, tops = [], [], [], []
         for _ in range(k):
@@ -329,13 +352,52 @@ class HeadDraft(Draft):
         logits[draft_ids] = draft_logits
         return warp(logits, sampling)
 
-    def rollback(self, length: int) -> None:
+    @torch.inference_mode()
+    def propose_tree(self, seq, depth, shape, stop_ids):
+        """Each level is one head step over the nodes it expands: a node reads its own
+        token's embedding and, as its feature, the output row that proposed it (EAGLE's
+        draft-time input), seeing the real rows and its ancestors only."""
+        root = self._read_target(seq)
+        if root is None:
+            return TokenTree()
+        head, dtype = self.head, self.head.fc.weight.dtype
+        outputs: dict[int, torch.Tensor] = {-1: root[0]}  # node -> the output row after it
+        slots: dict[int, int] = {}
+
+        def expand(tree: TokenTree, frontier: list[int]) -> list[list[tuple[int, float]]]:
+            if frontier != [-1]:
+                past = len(self.cache)
+                ids = torch.tensor([tree.tokens[i] for i in frontier], device=seq.device)
+                rows = head.step(
+                    self.embed(ids).to(dtype),
+                    torch.stack([outputs[tree.parents[i]] for i in frontier]),
+                    self.cache,
+                    positions=torch.tensor(
+                        [self.fed - 1 + tree.depth(i) for i in frontier], device=seq.device
+                    ),
+                    mask=level_mask(tree, frontier, slots, self.fed, past).to(seq.device),
+                )
+                slots.update({node: past + j for j, node in enumerate(frontier)})
+                outputs.update(zip(frontier, rows))
+            probs = head.logits(torch.stack([outputs[i] for i in frontier])).float().softmax(-1)
+            top = torch.topk(probs, min(shape.branch, probs.shape[-1]))
+            ids = head.draft_ids[top.indices]
+            return [list(zip(i.tolist(), p.tolist())) for p, i in zip(top.values, ids)]
+
+        try:
+            return grow_tree(expand, depth, shape, stop_ids)
+        finally:
+            self.cache.crop(self.fed)
+
+    def rollback(self, length: int, rows: list[int] | None = None) -> None:
         # Only the rows the target read from its own features are real; the
-        # drafted rows go. Of the tapped rows, those past `length` were refused.
+        # drafted rows go. Of the tapped rows, those past `length` (or, after a
+        # tree round, those not in `rows`) were refused.
         self.cache.crop(self.fed)
         keep = length - self.fed
         for i, parts in self.rows.items():
-            self.rows[i] = [torch.cat(parts, dim=0)[:keep]]
+            tapped = torch.cat(parts, dim=0)
+            self.rows[i] = [tapped[:keep] if rows is None else tapped[rows]]
 
 
 # --- files -----------------------------------------------------------------

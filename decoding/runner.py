@@ -18,6 +18,7 @@ from .policies import K_MAX, K_MIN, POLICIES, Policy, make_policy
 from .sampling import Sampling
 from .speculative import StopCheck, autoregressive_generate, iter_trace, untraced_generate
 from .trace import Baseline, RunMeta, Trace
+from .tree import MAX_BRANCH, MAX_TREE_NODES, TreeShape
 
 MAX_NEW_TOKENS = 2048
 MAX_CONTEXT = 4096  # prompt + new tokens, whatever the model allows beyond it
@@ -34,7 +35,11 @@ class RunConfig:
 
     target: str = _opt("smollm2-135m", "preset, folder, .gguf file or hub id")
     draft: str = _opt("ngram", "ngram, layers:N, head, head:PATH, a model name or path, or none")
-    k: int = _opt(4, f"tokens drafted per round ({K_MIN}-{K_MAX})")
+    k: int = _opt(4, f"tokens drafted per round ({K_MIN}-{K_MAX}); a tree's depth")
+    tree_nodes: int = _opt(
+        0, f"draft a token tree of this many nodes, k deep (0: a chain; up to {MAX_TREE_NODES})"
+    )
+    branch: int = _opt(2, f"a tree's candidates per expansion, and nodes expanded per level (1-{MAX_BRANCH})")
     policy: str = _opt("fixed", "how k changes from round to round", choices=POLICIES)
     confidence: float = _opt(0.4, "the confidence policy stops drafting below this probability")
     sampling: Sampling = field(default_factory=Sampling)
@@ -127,6 +132,7 @@ class PreparedRun:
     prompt_ids: torch.Tensor
     eos: set[int]
     text: Callable[[int], str]  # a token's text, memoised
+    tree: TreeShape | None  # None: chains
 
     def policy(self) -> Policy:
         """A fresh policy: an adaptive one changes k as the run goes."""
@@ -136,11 +142,15 @@ class PreparedRun:
 def prepare(config: RunConfig, draft: Draft | None = None) -> PreparedRun:
     """Load (once; models are cached) and encode; `draft` reuses one already built."""
     make_policy(config.policy, config.k, config.confidence)  # bad settings fail before any load
+    tree = TreeShape(config.tree_nodes, config.branch) if config.tree_nodes else None
     target, prompt_ids = _target_and_prompt(config)
     draft = draft or build_draft(config.draft, target)
     if draft is None:
         raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
-    return PreparedRun(config, target, draft, prompt_ids, eos_ids(target), token_texts(target.tokenizer))
+    if tree is not None and not draft.drafts_trees:
+        raise SpecLensError(f"a {draft.kind} draft cannot draft a token tree yet: set tree nodes to 0")
+    text = token_texts(target.tokenizer)
+    return PreparedRun(config, target, draft, prompt_ids, eos_ids(target), text, tree)
 
 
 def iter_speculative(run: PreparedRun, should_stop: StopCheck | None = None) -> Iterator[Trace]:
@@ -158,6 +168,7 @@ def iter_speculative(run: PreparedRun, should_stop: StopCheck | None = None) -> 
         run.text,
         run_meta(run, policy),
         should_stop,
+        run.tree,
     ):
         yield trace
     trace.output.text = run.target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
@@ -174,7 +185,14 @@ def untraced(run: PreparedRun) -> Trace:
     """The same rounds, recording only the totals (what tracing costs, in the benchmark)."""
     c = run.config
     return untraced_generate(
-        run.target.model, run.prompt_ids, run.draft, run.policy(), c.sampling, c.max_new_tokens, run.eos
+        run.target.model,
+        run.prompt_ids,
+        run.draft,
+        run.policy(),
+        c.sampling,
+        c.max_new_tokens,
+        run.eos,
+        run.tree,
     )
 
 
@@ -244,6 +262,8 @@ def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:
         chat_template=c.chat and bool(getattr(target.tokenizer, "chat_template", None)),
         prompt_tokens=len(prompt_ids),
         prompt_token_texts=[run.text(t) for t in prompt_ids],
+        tree_nodes=c.tree_nodes,
+        branch=c.branch if c.tree_nodes else 0,
         versions=library_versions(),
         started=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )

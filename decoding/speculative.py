@@ -22,7 +22,19 @@ from .drafts import TOP_N, Draft, Proposal, empty_proposal
 from .forward import crop, forward, new_cache
 from .policies import Policy
 from .sampling import Sampling
-from .trace import DraftToken, Emitted, Round, RunMeta, TopToken, Totals, Trace, Verdict, verdict_kind
+from .trace import (
+    DraftToken,
+    Emitted,
+    Round,
+    RunMeta,
+    TopToken,
+    Totals,
+    Trace,
+    TreeNode,
+    Verdict,
+    verdict_kind,
+)
+from .tree import TokenTree, TreeShape, TreeVerdict, keep_path, tree_inputs, verify_tree
 from .verify import Verification, verify_greedy, verify_sampling, warp
 
 # Asked after every round (and before every plain token): a reason to stop now, or None.
@@ -58,6 +70,7 @@ class Decoder:
     generator: torch.Generator
     eos: set[int]
     clock: Clock
+    tree: TreeShape | None = None  # None: chains
 
 
 class RoundResult(NamedTuple):
@@ -72,6 +85,9 @@ class RoundResult(NamedTuple):
     verify_s: float
     round_s: float
     elapsed_s: float = 0.0  # decoding time since the start, prefill included; the consumer's is not
+    # A tree round: the tree and its verdict. `proposal` and `verdict` are then its main
+    # line: the accepted path and the best child refused after it.
+    tree: tuple[TokenTree, TreeVerdict] | None = None
 
 
 def _prefill(target: torch.nn.Module, prompt_ids: torch.Tensor, draft: Draft | None = None):
@@ -116,6 +132,65 @@ def speculative_round(
     )
 
 
+def tree_round(dec: Decoder, cache, seq: torch.Tensor, depth: int) -> RoundResult:
+    """Draft a tree up to `depth` deep, check every node in one target pass, keep the
+    longest path the target agrees with; the caches afterwards as in `speculative_round`."""
+    t0 = dec.clock()
+    tree = dec.draft.propose_tree(seq, depth, dec.tree, dec.eos) if depth > 0 else TokenTree()
+    t1 = dec.clock()
+    start = seq.shape[1]
+    ids, positions, mask = tree_inputs(tree, seq[0, -1], start - 1, dec.target.dtype)
+    with dec.draft.watching_target():
+        logits = forward(dec.target, ids, cache, position_ids=positions, mask=mask)
+    greedy = dec.sampling.greedy
+    probs = logits.float().softmax(-1) if greedy else warp(logits, dec.sampling)
+    verdict = verify_tree(logits, tree, probs, None if greedy else dec.generator)
+    t2 = dec.clock()
+
+    kept = [tree.tokens[i] for i in verdict.path]
+    ended_in_draft = bool(kept) and kept[-1] in dec.eos  # a stop token's node has no children
+    keep_path(cache, start, [start + i for i in verdict.path])
+    dec.draft.rollback(start + len(kept), rows=[0] + [1 + i for i in verdict.path])
+    proposal, line = _main_line(tree, verdict, ended_in_draft, greedy, seq.device)
+    return RoundResult(
+        proposal,
+        line,
+        kept if ended_in_draft else [*kept, verdict.emitted],
+        None if ended_in_draft else verdict.emitted,
+        ended_in_draft or verdict.emitted in dec.eos,
+        t1 - t0,
+        t2 - t1,
+        dec.clock() - t0,
+        tree=(tree, verdict),
+    )
+
+
+def _main_line(
+    tree: TokenTree, v: TreeVerdict, ended: bool, greedy: bool, device: torch.device
+) -> tuple[Proposal, Verification]:
+    """The tree round seen as a chain: the accepted path, then the best child refused after it."""
+    turn = tree.children(v.path[-1] if v.path else -1)
+    line = v.path + ([turn[0]] if turn and not ended else [])
+    judged = [v.judged[i] for i in line]
+
+    def tensor(values: list, dtype=torch.float32) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    proposal = Proposal(
+        tensor([tree.tokens[i] for i in line], torch.long), tensor([tree.q[i] for i in line]), None
+    )
+    return proposal, Verification(
+        len(v.path),
+        tensor([j.p for j in judged]),
+        tensor([j.accept_prob for j in judged]),
+        None if greedy else tensor([j.u for j in judged]),
+        tensor(v.emitted, torch.long),
+        tensor(v.p_emitted),
+        v.dist,
+        v.residual,
+    )
+
+
 def iter_rounds(
     target: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -124,8 +199,10 @@ def iter_rounds(
     sampling: Sampling = Sampling(),
     max_new_tokens: int = 128,
     eos_ids: Collection[int] = (),
+    tree: TreeShape | None = None,
 ) -> Iterator[RoundResult]:
-    """Prefill, then round after round until EOS or `max_new_tokens`.
+    """Prefill, then round after round until EOS or `max_new_tokens`; token trees of
+    `tree`'s shape, k deep, when it is given.
 
     `prompt_ids` is [1, n] on the target's device. Time the consumer spends
     between rounds is left out of `elapsed_s`: a UI that draws each round
@@ -134,7 +211,7 @@ def iter_rounds(
     device = prompt_ids.device
     clock = Clock(device)
     generator = torch.Generator(device=device).manual_seed(sampling.seed)
-    dec = Decoder(target, draft, sampling, generator, set(eos_ids), clock)
+    dec = Decoder(target, draft, sampling, generator, set(eos_ids), clock, tree)
     start, away = clock(), 0.0
     draft.reset()  # before the prefill: a head draft reads the target's prefill features
     cache = _prefill(target, prompt_ids, draft)
@@ -142,7 +219,10 @@ def iter_rounds(
     while produced < max_new_tokens:
         # Leave room for the token the target adds, so a round never overshoots.
         k = min(policy.next_k(), max_new_tokens - produced - 1)
-        r = speculative_round(dec, cache, seq, k, policy.min_confidence)
+        if tree is None:
+            r = speculative_round(dec, cache, seq, k, policy.min_confidence)
+        else:
+            r = tree_round(dec, cache, seq, k)
         policy.update(r.verdict.n_accepted, len(r.proposal))
         seq = torch.cat([seq, torch.tensor([r.new_tokens], device=device)], dim=1)
         produced += len(r.new_tokens)
@@ -164,6 +244,7 @@ def iter_trace(
     token_text: Callable[[int], str] = str,
     meta: RunMeta | None = None,
     should_stop: StopCheck | None = None,
+    tree: TreeShape | None = None,
 ) -> Iterator[Trace]:
     """The run as a Trace that grows by one Round per round: yielded after each
     round, and once more when finished (totals set), so the last one is whole.
@@ -175,7 +256,7 @@ def iter_trace(
     trace = Trace(meta=replace(meta) if meta else RunMeta())
     wall = recording = 0.0
     reason = None
-    for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
+    for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids, tree):
         t = time.perf_counter()
         rnd = record_round(r, token_text)
         spent = time.perf_counter() - t  # what tracing costs counts in the figures
@@ -209,10 +290,21 @@ def speculative_generate(
     token_text: Callable[[int], str] = str,
     meta: RunMeta | None = None,
     should_stop: StopCheck | None = None,
+    tree: TreeShape | None = None,
 ) -> Trace:
     """Draft, verify, repeat to the end; returns the full Trace of the run (see `iter_trace`)."""
     for trace in iter_trace(  # noqa: B007 - the last one yielded is the finished trace
-        target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids, token_text, meta, should_stop
+        target,
+        prompt_ids,
+        draft,
+        policy,
+        sampling,
+        max_new_tokens,
+        eos_ids,
+        token_text,
+        meta,
+        should_stop,
+        tree,
     ):
         pass
     return trace
@@ -226,12 +318,13 @@ def untraced_generate(
     sampling: Sampling = Sampling(),
     max_new_tokens: int = 128,
     eos_ids: Collection[int] = (),
+    tree: TreeShape | None = None,
 ) -> Trace:
     """The same rounds with nothing recorded but the totals: the benchmark's measure of what
     tracing costs."""
     output: list[int] = []
     wall, rounds, proposed, accepted = 0.0, 0, 0, 0
-    for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids):
+    for r in iter_rounds(target, prompt_ids, draft, policy, sampling, max_new_tokens, eos_ids, tree):
         output += r.new_tokens
         wall, rounds = r.elapsed_s, rounds + 1
         proposed, accepted = proposed + len(r.proposal), accepted + r.verdict.n_accepted
@@ -292,7 +385,24 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
         else _top(proposal.top[0][n], proposal.top[1][n], token_text),
         residual_top=None if v.residual is None else _top_of(v.residual, token_text),
         match=proposal.match,
+        tree=None if r.tree is None else _tree_nodes(*r.tree, token_text),
     )
+
+
+def _tree_nodes(tree: TokenTree, v: TreeVerdict, token_text: Callable[[int], str]) -> list[TreeNode]:
+    path = set(v.path)
+    return [
+        TreeNode(
+            id=t,
+            text=token_text(t),
+            q=tree.q[i],
+            parent=tree.parents[i],
+            depth=tree.depth(i),
+            p=v.judged[i].p if i in v.judged else None,
+            accepted=i in path,
+        )
+        for i, t in enumerate(tree.tokens)
+    ]
 
 
 def _top(probs: torch.Tensor, ids: torch.Tensor, token_text: Callable[[int], str]) -> list[TopToken]:

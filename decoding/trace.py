@@ -69,6 +69,19 @@ class Match:
 
 
 @dataclass
+class TreeNode:
+    """One token of a round's draft tree, listed parents first."""
+
+    id: int
+    text: str
+    q: float  # the draft's probability of this token after its parent's path
+    parent: int  # the parent's index in the round's list; -1: a child of the last verified token
+    depth: int  # 1 for the children of the last verified token
+    p: float | None  # the target's probability of it; None when the target never tried it
+    accepted: bool  # on the accepted path
+
+
+@dataclass
 class Round:
     k: int
     draft: list[DraftToken]
@@ -86,6 +99,9 @@ class Round:
     draft_top: list[TopToken] | None = None  # the draft's, when it has a distribution there
     residual_top: list[TopToken] | None = None  # sampling: max(0, p - q) normalised, drawn from
     match: Match | None = None  # n-gram drafts: where the proposal was copied from
+    # A tree round: every node it drafted. Then `draft` and `verdicts` are its main
+    # line (the accepted path, then the best child refused after it). None: a chain.
+    tree: list[TreeNode] | None = None
 
     def __post_init__(self) -> None:
         for j, v in enumerate(self.verdicts):
@@ -97,6 +113,11 @@ class Round:
     @property
     def new_tokens(self) -> int:
         return self.n_accepted + (self.emitted is not None)
+
+    @property
+    def checked(self) -> int:
+        """Tokens the target's pass read: the last verified one and every drafted one."""
+        return 1 + (len(self.tree) if self.tree is not None else self.k)
 
 
 def verdict_kind(position: int, n_accepted: int) -> str:
@@ -207,6 +228,8 @@ class RunMeta:
     # timeline shows it and marks where an n-gram draft copied from.
     prompt_token_texts: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+    tree_nodes: int = 0  # token trees of this many nodes, policy.k deep; 0: chains
+    branch: int = 0  # a tree's candidates per expansion
     started: str = ""  # ISO time, UTC
     stopped: str | None = None  # why the run ended before its end, when it did
 
@@ -379,6 +402,7 @@ def _round_from_dict(s: dict[str, Any]) -> Round:
         draft_top=_tops(s.get("draft_top")),
         residual_top=_tops(s.get("residual_top")),
         match=Match(**match) if match else None,
+        tree=None if s.get("tree") is None else [TreeNode(**n) for n in s["tree"]],
     )
 
 
@@ -504,7 +528,7 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
     for key in ("compiled", "packed_output_layer", "chat_template"):
         if not isinstance(meta.get(key, False), bool):
             return f"meta.{key} must be true or false"
-    for key in ("prompt_tokens", "max_new_tokens"):
+    for key in ("prompt_tokens", "max_new_tokens", "tree_nodes", "branch"):
         if not _is_int(meta.get(key, 0)):
             return f"meta.{key} must be a whole number"
     if not _is_texts(meta.get("prompt_token_texts", [])):
@@ -574,6 +598,8 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
             return f"{name} needs tokens with a whole-number id, a text and a probability"
     if s.match is not None and not (_is_int(s.match.start) and _is_int(s.match.ngram) and s.match.start >= 0):
         return "match needs a whole-number start and n-gram length"
+    if s.tree is not None and (problem := _tree_problem(s)):
+        return problem
     if not s.k == len(s.draft) == len(s.verdicts):
         return f"k is {s.k} but it has {len(s.draft)} draft tokens and {len(s.verdicts)} verdicts"
     if not 0 <= s.n_accepted <= s.k:
@@ -591,6 +617,25 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
         return f"the emitted token is a {s.emitted.kind!r}, expected a {expected!r}"
     if not _is_int(s.emitted.id) or not isinstance(s.emitted.text, str) or not _is_prob(s.emitted.p):
         return "the emitted token needs a whole-number id, a text and a probability p"
+    return None
+
+
+def _tree_problem(s: Round) -> str | None:
+    """Parents first, depths that follow them, and an accepted path that is the draft's accepted prefix."""
+    for i, node in enumerate(s.tree):
+        if not (_is_int(node.id) and isinstance(node.text, str) and _is_prob(node.q)):
+            return f"tree node {i}: needs a whole-number id, a text and a probability q"
+        if not (_is_int(node.parent) and -1 <= node.parent < i and _is_int(node.depth)):
+            return f"tree node {i}: its parent must be an earlier node or -1"
+        if node.depth != (1 if node.parent < 0 else s.tree[node.parent].depth + 1):
+            return f"tree node {i}: depth {node.depth} does not follow its parent's"
+        if not (node.p is None or _is_prob(node.p)) or not isinstance(node.accepted, bool):
+            return f"tree node {i}: p must be a probability or null, accepted true or false"
+        if node.accepted and not (node.parent < 0 or s.tree[node.parent].accepted):
+            return f"tree node {i}: accepted below a node that was not"
+    path = [n.id for n in s.tree if n.accepted]
+    if path != [t.id for t in s.draft[: s.n_accepted]]:
+        return "the tree's accepted path is not the draft's accepted tokens"
     return None
 
 

@@ -11,6 +11,7 @@ from decoding.policies import make_policy
 from decoding.runner import encode_prompt, eos_ids
 from decoding.speculative import autoregressive_generate, speculative_generate
 from decoding.trace import check_invariants
+from decoding.tree import TreeShape
 
 TINY_PROMPTS = [[1, 5, 9, 3, 7, 5, 9], [2, 2, 2, 8, 2, 2], [42]]
 
@@ -144,7 +145,8 @@ def test_gemma3_offline_preset_is_lossless():
     expected = autoregressive_generate(
         gemma.model, prompt, max_new_tokens=12, eos_ids=eos_ids(gemma)
     ).token_ids
-    for spec, k in [("ngram", 3), ("layers:9", 2)]:
+    # Trees too: Gemma-3 takes the tree's 4D mask for its sliding-window layers as well.
+    for spec, k, tree in [("ngram", 3, None), ("layers:9", 2, None), ("layers:9", 3, TreeShape(8, 2))]:
         trace = speculative_generate(
             gemma.model,
             prompt,
@@ -152,6 +154,7 @@ def test_gemma3_offline_preset_is_lossless():
             make_policy("fixed", k),
             max_new_tokens=12,
             eos_ids=eos_ids(gemma),
+            tree=tree,
         )
-        assert trace.output.token_ids == expected, spec
+        assert trace.output.token_ids == expected, (spec, tree)
         check_invariants(trace)
