@@ -25,7 +25,7 @@ from decoding.errors import SpecLensError
 from decoding.models import check_allowed, layer_count
 from decoding.runner import RunConfig, compare_with_plain, iter_generate
 from decoding.sampling import Sampling
-from decoding.sweep import sweep
+from decoding.sweep import sweep, tree_sweep
 from decoding.trace import Trace, agreement, validate
 from visualize.cards import stats_html
 from visualize.charts import (
@@ -35,10 +35,13 @@ from visualize.charts import (
     speedup_curve,
     theory_figure,
     trace_figures,
+    tree_size_curve,
+    tree_verify_cost,
 )
 from visualize.explain import explain_round_markdown
 from visualize.simulate import simulate_trace
 from visualize.timeline import empty_timeline_html, timeline_html
+from visualize.tree import tree_figure
 
 log = logging.getLogger("speclens")
 
@@ -160,6 +163,8 @@ def make_config(
     top_p,
     seed,
     max_new,
+    tree_nodes=0,
+    branch=2,
 ) -> RunConfig:
     if len(prompt or "") > MAX_PROMPT_CHARS:
         raise SpecLensError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; shorten it")
@@ -173,6 +178,8 @@ def make_config(
         sampling=Sampling(float(temperature), int(top_k), float(top_p), int(seed)),
         max_new_tokens=int(max_new),
         prompt=prompt or "",
+        tree_nodes=int(tree_nodes),
+        branch=int(branch),
     )
 
 
@@ -209,17 +216,18 @@ def trace_views(trace: Trace) -> list:
 # The inputs and outputs of the two model-bound events, by name, in the order the UI wires them
 # (ui.py builds its lists from these; a test holds them to the handlers' parameters).
 EXPLORE_INPUTS = (
-    *("prompt", "target", "source", "n_layers", "draft_model", "k", "policy", "confidence"),
-    *("temperature", "top_k", "top_p", "seed", "max_new", "compare"),
+    *("prompt", "target", "source", "n_layers", "draft_model", "k", "tree_nodes", "branch", "policy"),
+    *("confidence", "temperature", "top_k", "top_p", "seed", "max_new", "compare"),
 )
 SWEEP_INPUTS = (
-    *("prompt", "target", "source", "n_layers", "draft_model"),
-    *("temperature", "top_k", "top_p", "seed", "max_new", "k_from", "k_to"),
+    *("prompt", "target", "source", "n_layers", "draft_model", "k", "tree_nodes", "branch"),
+    *("temperature", "top_k", "top_p", "seed", "max_new", "sweep_over", "k_from", "k_to", "tree_sizes"),
 )
 EXPLORE_OUTPUTS = (
     *("timeline", "text", "cards", "charts", "trace_json", "trace_csv"),
-    *("trace_state", "round_slider", "sentence"),
+    *("trace_state", "round_slider", "sentence", "tree"),
 )
+SWEEP_OVER = ("draft length k", "tree size N (depth k)")
 CHARTS = 4  # what trace_figures draws
 
 
@@ -231,6 +239,8 @@ def run_explore(
     n_layers,
     draft_model,
     k,
+    tree_nodes,
+    branch,
     policy,
     confidence,
     temperature,
@@ -258,6 +268,8 @@ def run_explore(
             top_p=top_p,
             seed=seed,
             max_new=max_new,
+            tree_nodes=tree_nodes,
+            branch=branch,
         )
         # Rounds run as the page asks for them: when it goes away Gradio stops asking and the run ends.
         # The run waits while Gradio sends an update, so updates are spaced to keep that wait under a
@@ -282,6 +294,7 @@ def run_explore(
             trace.to_dict(),
             round_slider(len(trace.rounds)),
             explain_round_markdown(trace.rounds[0], 0) if trace.rounds else "",
+            tree_figure(trace.rounds[0] if trace.rounds else None),
         ]
 
 
@@ -291,13 +304,15 @@ def round_slider(rounds: int):
 
 
 def explain_round(trace_dict: dict | None, round_no: float):
+    """The timeline with one round selected, its sentence, and its tree."""
     if not trace_dict:
-        return empty_timeline_html(), "Run a prompt first."
+        return empty_timeline_html(), "Run a prompt first.", tree_figure(None)
     trace = Trace.from_dict(trace_dict)
     if not trace.rounds:
-        return timeline_html(trace), "This run has no rounds."
+        return timeline_html(trace), "This run has no rounds.", tree_figure(None)
     i = min(max(int(round_no), 1), len(trace.rounds)) - 1
-    return timeline_html(trace, selected=i), explain_round_markdown(trace.rounds[i], i)
+    rnd = trace.rounds[i]
+    return timeline_html(trace, selected=i), explain_round_markdown(rnd, i), tree_figure(rnd, i)
 
 
 @gpu
@@ -307,26 +322,33 @@ def run_sweep(
     source,
     n_layers,
     draft_model,
+    k,
+    tree_nodes,
+    branch,
     temperature,
     top_k,
     top_p,
     seed,
     max_new,
+    sweep_over,
     k_from,
     k_to,
+    tree_sizes,
     progress=gr.Progress(),
     request: gr.Request = None,
 ):
-    """Measured speedup for each k in [k_from, k_to], beside the cost model's predictions."""
+    """Measured speedup for each k in [k_from, k_to], beside the cost model's predictions;
+    or, sweeping tree sizes, for each N at the sidebar's k."""
     with user_errors(), session_budget(request) as budget:
         lo, hi = sorted((int(k_from), int(k_to)))
+        over_trees = sweep_over == SWEEP_OVER[1]
         config = make_config(
             prompt=prompt,
             target=target,
             source=source,
             n_layers=n_layers,
             draft_model=draft_model,
-            k=lo,
+            k=k if over_trees else lo,
             policy="fixed",
             confidence=RunConfig.confidence,
             temperature=temperature,
@@ -334,24 +356,53 @@ def run_sweep(
             top_p=top_p,
             seed=seed,
             max_new=max_new,
+            tree_nodes=0 if over_trees else tree_nodes,
+            branch=branch,
         )
+        values = parse_sizes(tree_sizes) if over_trees else list(range(lo, hi + 1))
+        name = "N" if over_trees else "k"
 
         def report(done: int, total: int) -> None:
-            progress(done / total, desc=f"k = {lo + done} of {lo}…{hi}" if done < total else "done")
+            progress(
+                done / total,
+                desc=f"{name} = {values[done]} ({done + 1} of {total})" if done < total else "done",
+            )
 
-        traces, table = sweep(config, range(lo, hi + 1), report, budget)
-        best = table.loc[table["speedup"].idxmax()]
-        summary = (
-            f"**Best k = {int(best['k'])}**: ×{best['speedup']:.2f} over plain decoding "
-            f"({best['tokens_per_s']:.1f} vs {best['baseline_tokens_per_s']:.1f} tokens/s), "
-            f"acceptance {best['acceptance_rate']:.0%}; {sweep_agreement(traces)}."
-        )
-        if len(traces) < hi - lo + 1:
-            done = int(table["k"].max())
-            summary += f" **{budget() or 'Stopped'}** after k = {lo}…{done}: only those are shown."
+        if over_trees:
+            traces, table = tree_sweep(config, values, report, budget)
+            figures = tree_size_curve(table), tree_verify_cost(table)
+        else:
+            traces, table = sweep(config, values, report, budget)
+            figures = speedup_curve(table), acceptance_vs_k(table)
+        summary = sweep_summary(table, traces, "nodes" if over_trees else "k")
+        if len(traces) < len(values):
+            summary += (
+                f" **{budget() or 'Stopped'}** after {name} = {', '.join(map(str, values[: len(traces)]))}."
+            )
         csv_path = download_folder() / "speclens-sweep.csv"
         table.to_csv(csv_path, index=False)
-        return speedup_curve(table), acceptance_vs_k(table), table.round(3), str(csv_path), summary
+        return *figures, table.round(3), str(csv_path), summary
+
+
+def parse_sizes(text: str) -> list[int]:
+    """ "0, 4, 8, 16" -> [0, 4, 8, 16]; one clear line for anything else."""
+    try:
+        sizes = sorted({int(x) for x in (text or "").replace(",", " ").split()})
+    except ValueError:
+        raise SpecLensError(f"tree sizes are whole numbers separated by commas, got '{text}'") from None
+    if not sizes:
+        raise SpecLensError("give the tree sizes to sweep, e.g. 0, 4, 8, 16 (0: the chain)")
+    return sizes
+
+
+def sweep_summary(table, traces: list[Trace], column: str) -> str:
+    best = table.loc[table["speedup"].idxmax()]
+    label = f"N = {int(best['nodes'])}" if column == "nodes" else f"k = {int(best['k'])}"
+    return (
+        f"**Best {label}**: ×{best['speedup']:.2f} over plain decoding "
+        f"({best['tokens_per_s']:.1f} vs {best['baseline_tokens_per_s']:.1f} tokens/s), "
+        f"{best['tokens_per_round']:.2f} tokens per round; {sweep_agreement(traces)}."
+    )
 
 
 def sweep_agreement(traces: list[Trace]) -> str:
@@ -359,10 +410,14 @@ def sweep_agreement(traces: list[Trace]) -> str:
     found = [agreement(t) for t in traces]
     if all(a.good for a in found):
         return "all identical to plain decoding ✓"
-    differ = [str(t.meta.policy.k) for t, a in zip(traces, found) if a.good is False]
+    differ = [_setting(t) for t, a in zip(traces, found) if a.good is False]
     if differ:
-        return f"outputs differ from plain decoding at k = {', '.join(differ)} ✗"
+        return f"outputs differ from plain decoding at {', '.join(differ)} ✗"
     return next(a.sentence for a in found if not a.good)  # sampling or 16-bit: what holds instead
+
+
+def _setting(trace: Trace) -> str:
+    return f"N = {trace.meta.tree_nodes}" if trace.meta.tree_nodes else f"k = {trace.meta.policy.k}"
 
 
 def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float):
@@ -421,14 +476,15 @@ def load_replay(upload: str | None, example: str | None):
         )
 
 
-def replay_views(trace: Trace, round_no: int) -> tuple[str, str]:
+def replay_views(trace: Trace, round_no: int) -> tuple:
     i = min(max(round_no, 1), len(trace.rounds)) - 1
-    return timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(trace.rounds[i], i)
+    rnd = trace.rounds[i]
+    return timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(rnd, i), tree_figure(rnd, i)
 
 
 def replay_step(trace_dict: dict | None, round_no: float):
     if not trace_dict:
-        return empty_timeline_html("Load a trace first."), ""
+        return empty_timeline_html("Load a trace first."), "", tree_figure(None)
     return replay_views(Trace.from_dict(trace_dict), int(round_no))
 
 

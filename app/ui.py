@@ -9,6 +9,7 @@ import gradio as gr
 
 from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
 from decoding.policies import K_MAX, K_MIN, POLICIES
+from decoding.tree import MAX_BRANCH, MAX_TREE_NODES
 from visualize.timeline import empty_timeline_html
 
 from . import handlers as h
@@ -84,7 +85,23 @@ def build_demo() -> gr.Blocks:
                 label="Draft model (same tokenizer as the target)",
                 visible=False,
             )
-            k = gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round")
+            k = gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round (a tree's depth)")
+            tree_nodes = gr.Slider(
+                0,
+                MAX_TREE_NODES,
+                value=0,
+                step=1,
+                label="Tree nodes N (0 = a chain of k)",
+                elem_id="tree-nodes",
+            )
+            branch = gr.Slider(
+                1,
+                MAX_BRANCH,
+                value=2,
+                step=1,
+                label="Tree branching: candidates per expansion",
+                visible=False,
+            )
             policy = gr.Radio(list(POLICIES), value="fixed", label="Draft-length policy")
             confidence = gr.Slider(
                 0.05, 0.95, value=0.4, step=0.05, label="Confidence cut-off", visible=False
@@ -108,6 +125,7 @@ def build_demo() -> gr.Blocks:
         policy.change(
             lambda p: gr.update(visible=p == "confidence"), policy, confidence, api_visibility="private"
         )
+        tree_nodes.change(lambda n: gr.update(visible=n > 0), tree_nodes, branch, api_visibility="private")
 
         with gr.Tabs():
             with gr.Tab("Explore"):
@@ -125,6 +143,7 @@ def build_demo() -> gr.Blocks:
                 with gr.Row():
                     round_no = gr.Slider(1, 2, value=1, step=1, label="Explain round", elem_id="round")
                 sentence = gr.Markdown(elem_classes="sl-sentence", elem_id="sentence")
+                tree_plot = gr.Plot(show_label=False, elem_id="tree-plot")
                 cards = gr.HTML(elem_id="cards")
                 text = gr.Textbox(label="Output text", lines=4, elem_id="output")
                 figs = _figures(4)
@@ -135,12 +154,19 @@ def build_demo() -> gr.Blocks:
 
             with gr.Tab("Draft-length sweep"):
                 gr.Markdown(
-                    "Runs one prompt for every k in the range, with the models and sampling set on the left."
+                    "Runs one prompt for every k in the range, or for every tree size at the sidebar's k, "
+                    "with the models and sampling set on the left."
                 )
                 sweep_prompt = gr.Textbox(value=example_prompts()[1], lines=3, label="Prompt")
                 with gr.Row():
+                    sweep_over = gr.Radio(
+                        list(h.SWEEP_OVER), value=h.SWEEP_OVER[0], label="Sweep over", elem_id="sweep-over"
+                    )
                     k_from = gr.Slider(K_MIN, K_MAX, value=1, step=1, label="k from")
                     k_to = gr.Slider(K_MIN, K_MAX, value=6, step=1, label="k to", elem_id="k-to")
+                    tree_sizes = gr.Textbox(
+                        value="0, 4, 8, 16", label="Tree sizes N (0 = the chain)", elem_id="tree-sizes"
+                    )
                     sweep_btn = gr.Button("Sweep", variant="primary", elem_id="sweep")
                     sweep_stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
                 sweep_summary = gr.Markdown(elem_id="sweep-summary")
@@ -190,6 +216,7 @@ def build_demo() -> gr.Blocks:
                     )
                     next_btn = gr.Button("next ▶", elem_id="next")
                 replay_sentence = gr.Markdown(elem_classes="sl-sentence", elem_id="replay-sentence")
+                replay_tree = gr.Plot(show_label=False, elem_id="replay-tree")
                 replay_timeline = gr.HTML(empty_timeline_html("Load a trace."), elem_id="replay-timeline")
                 replay_cards = gr.HTML()
                 replay_figs = _figures(4)
@@ -225,13 +252,14 @@ def build_demo() -> gr.Blocks:
 
         settings = {
             **{"target": target, "source": source, "n_layers": n_layers, "draft_model": draft_model},
-            **{"k": k, "policy": policy, "confidence": confidence, "temperature": temperature},
+            **{"k": k, "tree_nodes": tree_nodes, "branch": branch, "policy": policy},
+            **{"confidence": confidence, "temperature": temperature},
             **{"top_k": top_k, "top_p": top_p, "seed": seed, "max_new": max_new},
         }
         explore_outputs = {
             **{"timeline": timeline, "text": text, "cards": cards, "charts": figs},
             **{"trace_json": json_file, "trace_csv": csv_file, "trace_state": trace_state},
-            **{"round_slider": round_no, "sentence": sentence},
+            **{"round_slider": round_no, "sentence": sentence, "tree": tree_plot},
         }
         _while_running(
             run,
@@ -242,14 +270,21 @@ def build_demo() -> gr.Blocks:
             "generate",
         )
         round_no.change(
-            h.explain_round, [trace_state, round_no], [timeline, sentence], api_name="explain_round"
+            h.explain_round,
+            [trace_state, round_no],
+            [timeline, sentence, tree_plot],
+            api_name="explain_round",
         )
 
         _while_running(
             sweep_btn,
             sweep_stop,
             h.run_sweep,
-            _wire({**settings, "prompt": sweep_prompt, "k_from": k_from, "k_to": k_to}, h.SWEEP_INPUTS),
+            _wire(
+                {**settings, "prompt": sweep_prompt, "sweep_over": sweep_over, "k_from": k_from, "k_to": k_to}
+                | {"tree_sizes": tree_sizes},
+                h.SWEEP_INPUTS,
+            ),
             [speedup_plot, accept_plot, sweep_table, sweep_csv, sweep_summary],
             "sweep",
         )
@@ -274,13 +309,21 @@ def build_demo() -> gr.Blocks:
         load_btn.click(
             h.load_replay,
             [upload, example],
-            [replay_state, replay_round, replay_timeline, replay_sentence, replay_cards, *replay_figs],
+            [
+                replay_state,
+                replay_round,
+                replay_timeline,
+                replay_sentence,
+                replay_tree,
+                replay_cards,
+                *replay_figs,
+            ],
             api_name="replay",
         )
         replay_round.change(
             h.replay_step,
             [replay_state, replay_round],
-            [replay_timeline, replay_sentence],
+            [replay_timeline, replay_sentence, replay_tree],
             api_name="replay_step",
         )
         prod_inputs = [metrics_url, page_a, page_b, prod_c, prod_b, trace_state]

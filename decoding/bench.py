@@ -7,6 +7,7 @@ Per prompt, in this order:
   B  plain autoregressive decoding, same target, same cache and timing
   C  Hugging Face `generate()` with the same drafting (greedy only)
   D  SpecLens again with tracing off, to measure what tracing costs
+  E  with --tree-nodes: the chain of the same depth and draft, beside the tree (A)
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ CSV_COLUMNS = [
     "predicted_speedup",
     "identical_plain",
     "identical_hf",
+    "tokens_per_round_chain",
+    "tps_chain",
+    "tree_vs_chain",
 ]
 
 
@@ -118,11 +122,11 @@ def _tps(n: int, wall: float) -> float:
 def run_prompt(run: PreparedRun) -> dict:
     a = runner.speculative(run)
     b = runner.plain_baseline(run.config)
-    # Hugging Face has no head drafting, and its assisted generation is greedy here.
-    c_ids, c_wall = (
-        hf_generate(run) if run.config.sampling.greedy and run.draft.kind != "head" else (None, 0.0)
-    )
+    # Hugging Face has no head drafting and no trees, and its assisted generation is greedy here.
+    hf_can = run.config.sampling.greedy and run.draft.kind != "head" and run.tree is None
+    c_ids, c_wall = hf_generate(run) if hf_can else (None, 0.0)
     d = runner.untraced(run)
+    e = runner.speculative(replace(run, tree=None)) if run.tree is not None else None
 
     n = len(a.output.token_ids)
     tps_a, tps_b, tps_d = a.totals.tokens_per_s, b.tokens_per_s, d.totals.tokens_per_s
@@ -146,7 +150,10 @@ def run_prompt(run: PreparedRun) -> dict:
         "predicted_speedup": costmodel.predicted_speedup(a, t_target_ms),
         "identical_plain": a.output.token_ids == b.token_ids,
         "identical_hf": a.output.token_ids == c_ids if c_ids is not None else None,
-        "verify_ms": costmodel.verify_cost_ms([a]),
+        "tokens_per_round_chain": e.totals.tokens_per_round if e else math.nan,
+        "tps_chain": e.totals.tokens_per_s if e else math.nan,
+        "tree_vs_chain": tps_a / e.totals.tokens_per_s if e else math.nan,
+        "verify_ms": costmodel.verify_cost_ms([a, e] if e else [a]),
         "by_position": costmodel.acceptance_by_position(a),
         "t_target_ms": t_target_ms,
     }
@@ -200,6 +207,8 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
         "ratio_vs_hf": ("ratio_vs_hf", _geomean),
         "tracing_overhead": ("tracing_overhead", "mean"),
         "identical": ("identical_plain", "all"),
+        "tokens_per_round_chain": ("tokens_per_round_chain", "mean"),
+        "tree_vs_chain": ("tree_vs_chain", _geomean),
     }
     per = df.groupby("category", sort=True).agg(**agg)
     overall = df.assign(category="all").groupby("category").agg(**agg)
@@ -207,17 +216,23 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown(table: pd.DataFrame) -> str:
+    """The summary as a Markdown table; a tree run adds its chain's tokens per round and the ratio."""
+    trees = not table["tree_vs_chain"].isna().all()
     head = "| category | prompts | acceptance | α | c | tokens/round | tok/s SpecLens | tok/s plain | tok/s HF | speedup vs plain | predicted | vs HF | tracing overhead | identical |"
-    rule = "|" + "---|" * 14
+    head += " chain tokens/round | tree vs chain |" if trees else ""
+    rule = "|" + "---|" * (16 if trees else 14)
     lines = [head, rule]
     for r in table.itertuples():
         hf = "—" if math.isnan(r.tps_hf) else f"{r.tps_hf:.1f}"
-        lines.append(
+        line = (
             f"| {r.category} | {r.prompts} | {r.acceptance_rate:.0%} | {r.alpha:.2f} | {r.draft_cost:.3f} "
             f"| {r.tokens_per_round:.2f} | {r.tps_speclens:.1f} | {r.tps_plain:.1f} | {hf} | ×{r.speedup_vs_plain:.2f} "
             f"| ×{r.predicted_speedup:.2f} | {_ratio(r.ratio_vs_hf)} | {r.tracing_overhead:+.1%} "
             f"| {'✓' if r.identical else '✗'} |"
         )
+        if trees:
+            line += f" {r.tokens_per_round_chain:.2f} | {_ratio(r.tree_vs_chain)} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -235,14 +250,24 @@ def position_acceptance(positions: list[tuple[int, int, int]]) -> list[float]:
     return [round(accepted[j] / reached[j], 4) for j in sorted(reached)]
 
 
-def verify_ratios(verify: list[dict[int, float]]) -> dict[int, float]:
-    """V(n)/V(1) pooled over prompts: how much more checking n tokens costs than one."""
+def pooled_verify_ms(verify: list[dict[int, float]]) -> dict[int, float]:
+    """Mean verify time by tokens checked, pooled over prompts."""
     pooled: dict[int, list[float]] = {}
     for v in verify:
         for n, ms in v.items():
             pooled.setdefault(n, []).append(ms)
-    mean = {n: sum(x) / len(x) for n, x in sorted(pooled.items())}
+    return {n: sum(x) / len(x) for n, x in sorted(pooled.items())}
+
+
+def verify_ratios(verify: list[dict[int, float]]) -> dict[int, float]:
+    """V(n)/V(1): how much more checking n tokens costs than one."""
+    mean = pooled_verify_ms(verify)
     return {n: ms / mean[1] for n, ms in mean.items()} if 1 in mean else {}
+
+
+def verify_vs_step(verify: list[dict[int, float]], step_ms: float) -> dict[int, float]:
+    """V(n) in plain target steps (steady state)."""
+    return {n: round(ms / step_ms, 3) for n, ms in pooled_verify_ms(verify).items()}
 
 
 def write_results(
@@ -267,23 +292,33 @@ def write_results(
         "versions": library_versions(),
         "plain_ms_per_token": float(df["tps_plain"].rdiv(1000).mean()),
         "verify_cost_ratio": verify_ratios(verify),
+        # A head or a tree rarely checks a single token: the same costs against a plain step.
+        "verify_cost_vs_plain_step": verify_vs_step(verify, float(df["t_target_ms"].mean())),
         "acceptance_by_position": position_acceptance(positions),
     }
     (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
     settings = (
         f"target `{cfg.run.target}` ({meta['dtype']}{', compiled' if cfg.run.compile else ''}"
         f"{', packed output layer' if target.packed else ''}), draft `{cfg.run.draft}`, "
-        f"k={cfg.run.k} ({cfg.run.policy}), temperature {cfg.run.sampling.temperature}, {cfg.run.max_new_tokens} new tokens, "
+        f"k={cfg.run.k} ({cfg.run.policy}){_tree(cfg.run)}, temperature {cfg.run.sampling.temperature}, {cfg.run.max_new_tokens} new tokens, "
         f"{meta['machine']}, {meta['date'][:10]}"
     )
     ratio = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in meta["verify_cost_ratio"].items())
+    steps = ", ".join(f"V({n}) = {r:.2f}" for n, r in meta["verify_cost_vs_plain_step"].items())
     by_pos = ", ".join(f"{a:.2f}" for a in meta["acceptance_by_position"])
-    notes = f"Verify cost: {ratio}. Acceptance by draft position: {by_pos}. "
+    notes = f"Verify cost: {ratio or '(no round checked a single token)'}; in plain target steps, {steps}. "
+    notes += f"Acceptance by draft position: {by_pos}. "
     notes += "α: accepted ÷ judged draft tokens; c: draft time per token ÷ a plain target step."
-    if draft_kind == "head":
-        notes += " Hugging Face has no head drafting: its column is empty."
+    if draft_kind == "head" or cfg.run.tree_nodes:
+        notes += " Hugging Face has no head drafting and no token trees: its column is empty."
     text = f"{settings}\n\n`{meta['command']}`\n\n{markdown(table)}\n\n{notes}\n"
     (cfg.out / "summary.md").write_text(text)
+
+
+def _tree(run: RunConfig) -> str:
+    return (
+        f", trees of {run.tree_nodes} nodes (branch {run.branch}) beside the chain" if run.tree_nodes else ""
+    )
 
 
 def machine() -> str:

@@ -1,4 +1,4 @@
-"""Draft-length sweep: one prompt, a range of k, one plain baseline, a table."""
+"""Sweeps: one prompt, a range of k (or of tree sizes), one plain baseline, a table."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from .policies import K_MAX, K_MIN
 from .runner import RunConfig, generate, plain_baseline
 from .speculative import StopCheck
 from .trace import Trace
+from .tree import MAX_TREE_NODES
 
 SWEEP_COLUMNS = [
     "k",
@@ -28,6 +29,16 @@ SWEEP_COLUMNS = [
     "predicted_measured",
     "draft_ms_per_token",
     "verify_ms",
+    "identical_to_baseline",
+]
+TREE_COLUMNS = [
+    "nodes",
+    "tokens_per_round",
+    "tokens_per_s",
+    "baseline_tokens_per_s",
+    "speedup",
+    "verify_ms",
+    "verify_ratio",
     "identical_to_baseline",
 ]
 
@@ -46,21 +57,69 @@ def sweep(
     ks = sorted(set(ks))
     if not ks or ks[0] < K_MIN or ks[-1] > K_MAX:
         raise SpecLensError(f"sweep k values must lie in {K_MIN}..{K_MAX}, got {list(ks)}")
+    runs = [dataclasses.replace(config, k=k, policy="fixed", baseline=False) for k in ks]
+    traces = _against_plain(config, runs, progress, should_stop)
+    return traces, sweep_table(traces)
+
+
+def tree_sweep(
+    config: RunConfig,
+    sizes: Sequence[int],
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: StopCheck | None = None,
+) -> tuple[list[Trace], pd.DataFrame]:
+    """Run `config` once per tree size N (0: the chain) at its k, against one plain baseline."""
+    sizes = sorted(set(sizes))
+    if not sizes or sizes[0] < 0 or sizes[-1] > MAX_TREE_NODES:
+        raise SpecLensError(f"tree sizes must lie in 0..{MAX_TREE_NODES} (0: a chain), got {list(sizes)}")
+    runs = [dataclasses.replace(config, tree_nodes=n, policy="fixed", baseline=False) for n in sizes]
+    traces = _against_plain(config, runs, progress, should_stop)
+    return traces, tree_table(traces)
+
+
+def _against_plain(
+    config: RunConfig,
+    runs: list[RunConfig],
+    progress: Callable[[int, int], None] | None,
+    should_stop: StopCheck | None,
+) -> list[Trace]:
     baseline = plain_baseline(config, should_stop)
     traces = []
-    for i, k in enumerate(ks):
+    for i, run in enumerate(runs):
         if progress:
-            progress(i, len(ks))
-        trace = generate(dataclasses.replace(config, k=k, policy="fixed", baseline=False), should_stop)
-        if trace.meta.stopped:  # a k measured on part of the text compares with nothing
+            progress(i, len(runs))
+        trace = generate(run, should_stop)
+        if trace.meta.stopped:  # a setting measured on part of the text compares with nothing
             if not traces:
-                raise RunStopped(f"{trace.meta.stopped} before the first k finished")
+                raise RunStopped(f"{trace.meta.stopped} before the first setting finished")
             break
         trace.attach_baseline(baseline)
         traces.append(trace)
     if progress:
-        progress(len(ks), len(ks))
-    return traces, sweep_table(traces)
+        progress(len(runs), len(runs))
+    return traces
+
+
+def tree_table(traces: Sequence[Trace]) -> pd.DataFrame:
+    """Measured figures per tree size; the verify cost as a multiple of a plain target step."""
+    t_target = costmodel.target_ms_per_token(traces[0].baseline.token_times_s) or math.nan
+    rows = []
+    for trace in traces:
+        t, rounds = trace.totals, trace.rounds
+        verify = t.verify_s * 1e3 / len(rounds) if rounds else math.nan
+        rows.append(
+            {
+                "nodes": trace.meta.tree_nodes,
+                "tokens_per_round": t.tokens_per_round,
+                "tokens_per_s": t.tokens_per_s,
+                "baseline_tokens_per_s": t.baseline_tokens_per_s,
+                "speedup": t.speedup,
+                "verify_ms": verify,
+                "verify_ratio": verify / t_target,
+                "identical_to_baseline": t.identical_to_baseline,
+            }
+        )
+    return pd.DataFrame(rows, columns=TREE_COLUMNS)
 
 
 def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:

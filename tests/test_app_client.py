@@ -26,6 +26,8 @@ def generate_args(prompt=PROMPT, **over):
         "n_layers": 10,
         "draft_model": "smollm2-135m",
         "k": 4,
+        "tree_nodes": 0,
+        "branch": 2,
         "policy": "fixed",
         "confidence": 0.4,
         "temperature": 0,
@@ -39,13 +41,22 @@ def generate_args(prompt=PROMPT, **over):
     return args
 
 
+def sweep_args(prompt=PROMPT, **over):
+    args = {
+        name: value
+        for name, value in generate_args(prompt, **{"max_new": 16, **over}).items()
+        if name not in ("policy", "confidence", "compare")
+    }
+    return {"sweep_over": "draft length k", "k_from": 1, "k_to": 3, "tree_sizes": "0, 4", **args}
+
+
 def figure_json(fig: dict) -> dict:
     assert fig["type"] == "plotly"
     return json.loads(fig["plot"])
 
 
 def test_generate_returns_trace_figures_and_downloads(client):
-    timeline, text, cards, *figs, json_path, csv_path, round_update, sentence = client.predict(
+    timeline, text, cards, *figs, json_path, csv_path, round_update, sentence, tree = client.predict(
         **generate_args(), api_name="/generate"
     )
     trace = Trace.load(json_path)
@@ -69,7 +80,7 @@ def test_every_draft_source_and_sampling(client):
         {"source": "separate draft model", "policy": "confidence", "k": 6},
         {"temperature": 0.8, "top_p": 0.9, "seed": 3, "policy": "heuristic", "compare": False},
     ):
-        *_, json_path, _, _, _ = client.predict(**generate_args(max_new=10, **over), api_name="/generate")
+        *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=10, **over), api_name="/generate")
         check_invariants(Trace.load(json_path))
 
 
@@ -89,7 +100,7 @@ def test_every_draft_source_and_sampling(client):
 def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
     with pytest.raises(Exception, match=message):
         client.predict(**generate_args(**over), api_name="/generate")
-    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -97,7 +108,7 @@ def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
     from app import handlers
 
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
-    timeline, text, cards, *figs, json_path, csv_path, round_update, sentence = client.predict(
+    timeline, text, cards, *figs, json_path, csv_path, round_update, sentence, tree = client.predict(
         **generate_args(), api_name="/generate"
     )
     trace = Trace.load(json_path)
@@ -119,7 +130,9 @@ def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeyp
 
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 2.5)
     monkeypatch.setattr(runner, "load_model", slow_load)
-    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=8, compare=False), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(
+        **generate_args(max_new=8, compare=False), api_name="/generate"
+    )
     trace = Trace.load(json_path)
     assert trace.meta.stopped is None and trace.totals.new_tokens == 8
 
@@ -130,11 +143,11 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
     while not job.outputs() and time.monotonic() < deadline:  # the first rounds have streamed
         time.sleep(0.2)
     client.predict(api_name="/stop_generate")
-    *_, json_path, _, _, _ = job.result(timeout=120)
+    *_, json_path, _, _, _, _ = job.result(timeout=120)
     trace = Trace.load(json_path)
     check_invariants(trace)
     assert trace.meta.stopped == "stopped by the user" and 0 < trace.totals.new_tokens < 400
-    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -143,7 +156,7 @@ def test_the_sweep_has_the_same_budget(client, monkeypatch):
 
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
     with pytest.raises(Exception, match="time limit"):
-        client.predict(PROMPT, "smollm2-135m", NGRAM, 10, "", 0, 0, 1, 0, 16, 1, 3, api_name="/sweep")
+        client.predict(**sweep_args(draft_model=""), api_name="/sweep")
 
 
 def test_n_follows_the_targets_layer_count(client):
@@ -164,19 +177,37 @@ def test_two_sessions_get_their_own_traces(live_app):
     prompts = ["Count: one, two, three, four.", "Name three colours."]
     jobs = [c.submit(**generate_args(p, max_new=12), api_name="/generate") for c, p in zip((a, b), prompts)]
     for job, prompt in zip(jobs, prompts):
-        *_, json_path, _, _, _ = job.result(timeout=300)
+        *_, json_path, _, _, _, _ = job.result(timeout=300)
         assert Trace.load(json_path).meta.prompt == prompt
 
 
 def test_sweep(client):
-    speedup, acceptance, table, csv_path, summary = client.predict(
-        PROMPT, "smollm2-135m", NGRAM, 10, "smollm2-135m", 0, 0, 1, 0, 16, 1, 3, api_name="/sweep"
-    )
+    speedup, acceptance, table, csv_path, summary = client.predict(**sweep_args(), api_name="/sweep")
     assert [row[0] for row in table["data"]] == [1, 2, 3]
     names = [d.get("name") for d in figure_json(speedup)["data"]]
     assert {"measured", "Leviathan (V = 1 step)", "measured verify cost", "best"} <= set(names)
     assert "Best k" in summary
     assert Path(csv_path).read_text().startswith("k,acceptance_rate")
+
+
+def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
+    *_, json_path, _, _, sentence, tree = client.predict(
+        **generate_args(max_new=12, tree_nodes=6, source="trained draft head (EAGLE-3)"), api_name="/generate"
+    )
+    trace = Trace.load(json_path)
+    check_invariants(trace)
+    assert trace.meta.tree_nodes == 6 and all(r.tree is not None for r in trace.rounds)
+    assert trace.totals.identical_to_baseline is True
+    assert "a tree of" in sentence
+    names = {d.get("name") for d in figure_json(tree)["data"]}
+    assert "accepted path" in names and "last verified" in names
+    speedup, cost, table, csv_path, summary = client.predict(
+        **sweep_args(sweep_over="tree size N (depth k)", tree_sizes="4, 0", k=3), api_name="/sweep"
+    )
+    assert [row[0] for row in table["data"]] == [0, 4] and "Best N" in summary
+    assert Path(csv_path).read_text().startswith("nodes,tokens_per_round")
+    with pytest.raises(Exception, match="tree sizes are whole numbers"):
+        client.predict(**sweep_args(sweep_over="tree size N (depth k)", tree_sizes="four"), api_name="/sweep")
 
 
 def test_theory_and_simulate(client):
@@ -191,7 +222,9 @@ def test_theory_and_simulate(client):
 
 def test_replay_examples_and_upload(client):
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
-    round_update, timeline, sentence, cards, *figs = client.predict(None, example.stem, api_name="/replay")
+    round_update, timeline, sentence, tree, cards, *figs = client.predict(
+        None, example.stem, api_name="/replay"
+    )
     n = len(Trace.load(example).rounds)
     assert round_update["maximum"] == n and sentence.startswith("Round 1:")
     assert timeline.count("data-round=") == 1 and len(figs) == 4

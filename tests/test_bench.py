@@ -58,6 +58,20 @@ def test_bench_smoke(tmp_path, two_prompts, capsys, smol, draft):
     assert meta["verify_cost_ratio"]["1"] == 1.0
 
 
+def test_bench_runs_a_tree_beside_its_chain(tmp_path, two_prompts, capsys, smol):
+    out = tmp_path / "out"
+    args = ["bench", "--prompts", str(two_prompts), "--draft", "head", "--k", "3", "--tree-nodes", "6"]
+    args += ["--max-new-tokens", "8", "--limit", "1", "--out", str(out), "--no-warmup"]
+    assert main(args) == 0, capsys.readouterr().err
+    df = pd.read_csv(out / "results.csv")
+    assert df["identical_plain"].all() and df["tps_hf"].isna().all()  # HF has no trees
+    assert (df["tps_chain"] > 0).all() and (df["tree_vs_chain"] > 0).all()
+    summary = (out / "summary.md").read_text()
+    assert "tree vs chain" in summary and "trees of 6 nodes (branch 2)" in summary
+    meta = json.loads((out / "meta.json").read_text())
+    assert "7" in meta["verify_cost_vs_plain_step"]  # the tree's pass: 6 nodes and the last verified token
+
+
 def test_bad_prompt_files(tmp_path):
     with pytest.raises(SpecLensError, match="no prompts file"):
         read_prompts(tmp_path / "missing.jsonl", 1)

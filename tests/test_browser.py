@@ -215,3 +215,17 @@ def test_production_tab_charts_a_vllm_page(page):
         page.screenshot(path=ARTIFACTS / "production.png", full_page=True)
     finally:
         server.shutdown()
+
+
+def test_a_tree_run_draws_the_tree_of_the_chosen_round(page):
+    page.fill("#prompt textarea", "Repeat exactly: red, green, blue. red, green, blue. red, green, blue.")
+    set_number(page, "max-new", 12)
+    set_number(page, "tree-nodes", 6)
+    page.click("#run")
+    page.wait_for_selector("#timeline [data-tree-nodes]", timeout=LONG)
+    page.wait_for_function(
+        "document.querySelector('#tree-plot') && document.querySelector('#tree-plot').innerText.includes('kept')",
+        timeout=LONG,
+    )
+    assert "tree of" in page.locator("#timeline [data-round='0'] .sl-label").inner_text()
+    page.locator("#tree-plot").screenshot(path=ARTIFACTS / "tree.png")

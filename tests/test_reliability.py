@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from test_app_client import NGRAM, generate_args
+from test_app_client import generate_args, sweep_args
 
 from decoding.trace import Trace
 
@@ -48,7 +48,7 @@ def one_session(url: str, i: int) -> list[dict]:
     for j in range(2):
         prompt = f"Session {i} run {j}: count to five."
         start = time.monotonic()
-        *_, json_path, _, _, _ = client.predict(**generate_args(prompt, max_new=6), api_name="/generate")
+        *_, json_path, _, _, _, _ = client.predict(**generate_args(prompt, max_new=6), api_name="/generate")
         total = time.monotonic() - start
         trace = Trace.load(json_path)
         assert trace.meta.prompt == prompt, "another session's trace"
@@ -56,21 +56,8 @@ def one_session(url: str, i: int) -> list[dict]:
         done.append({"kind": "generate", "total": total, "running": work})
     if i % 4 == 0:
         start = time.monotonic()
-        table = client.predict(
-            f"Session {i} sweep: a, b, a, b, a, b.",
-            "smollm2-135m",
-            NGRAM,
-            10,
-            "",
-            0,
-            0,
-            1,
-            0,
-            4,
-            1,
-            2,
-            api_name="/sweep",
-        )[2]
+        prompt = f"Session {i} sweep: a, b, a, b, a, b."
+        table = client.predict(**sweep_args(prompt, max_new=4, draft_model="", k_to=2), api_name="/sweep")[2]
         assert [row[0] for row in table["data"]] == [1, 2]
         done.append({"kind": "sweep", "total": time.monotonic() - start, "running": None})
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[i % 3]
@@ -121,7 +108,7 @@ def test_a_hundred_runs_in_one_process_keep_memory_and_files_flat(smol):
     samples = {}
     for n in range(1, 101):
         *_, last = handlers.run_explore(*args)  # the final views
-        assert Trace.from_dict(last[-3]).totals.new_tokens == 3
+        assert Trace.from_dict(last[-4]).totals.new_tokens == 3  # trace_state, then slider, sentence, tree
         if n in (10, 100):
             samples[n] = (rss_mb(), len(os.listdir("/proc/self/fd")), len(list(handlers.DOWNLOADS.iterdir())))
     (rss10, fds10, _), (rss100, fds100, dl100) = samples[10], samples[100]
@@ -177,7 +164,7 @@ def test_a_run_that_fails_half_way_frees_its_slot(client, monkeypatch, fault, me
     with pytest.raises(Exception, match=message):
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.setattr(NGramDraft, "propose", real)
-    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4 and not handlers._budgets
 
 
@@ -191,7 +178,7 @@ def test_a_model_that_fails_to_load(client, monkeypatch):
     with pytest.raises(Exception, match="the disk went away"):
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.undo()
-    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -209,7 +196,7 @@ def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
     while handlers._budgets and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not handlers._budgets, "the abandoned run is still running"
-    *_, json_path, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -238,7 +225,7 @@ def test_no_file_outside_the_apps_folders_is_served(live_app, path):
     ids=["control", "emoji", "scripts"],
 )
 def test_odd_prompts_run_and_come_back_as_typed(client, prompt):
-    *_, json_path, _, _, _ = client.predict(
+    *_, json_path, _, _, _, _ = client.predict(
         **generate_args(prompt, max_new=3, compare=False), api_name="/generate"
     )
     trace = Trace.load(json_path)
@@ -261,7 +248,7 @@ def test_odd_prompts_run_and_come_back_as_typed(client, prompt):
 def test_numeric_fields_at_and_past_their_limits(client, over, message):
     args = generate_args(**{"compare": False, **over})
     if message is None:
-        *_, json_path, _, _, _ = client.predict(**args, api_name="/generate")
+        *_, json_path, _, _, _, _ = client.predict(**args, api_name="/generate")
         assert Trace.load(json_path).totals.new_tokens == 3
     else:
         with pytest.raises(Exception, match=message):

@@ -245,3 +245,46 @@ def test_trees_are_lossless_on_smollm2(smol, specbench):
         assert trace.totals.identical_to_baseline, (category, draft)
         assert trace.meta.tree_nodes == 12 and all(r.tree is not None for r in trace.rounds)
         validate(trace)
+
+
+def test_a_tree_round_is_drawn_explained_and_labelled(tiny_target):
+    from visualize.explain import explain_round
+    from visualize.timeline import timeline_html
+    from visualize.tree import tree_figure
+
+    ids = torch.tensor([PROMPTS[0]])
+    draft = ModelDraft(tiny_target, 64, "self")  # always right: every round keeps a path
+    trace = speculative_generate(
+        tiny_target, ids, draft, make_policy("fixed", 3), max_new_tokens=20, tree=TreeShape(7, 2)
+    )
+    rnd = trace.rounds[0]
+    fig = tree_figure(rnd, 0)
+    names = {d.name for d in fig.data if d.name}
+    assert {"accepted path", "tried, refused", "never tried", "last verified"} <= names
+    drawn = sum(len(d.x) for d in fig.data if d.name in ("accepted path", "tried, refused", "never tried"))
+    assert drawn == len(rnd.tree) and "3 kept" in fig.layout.title.text
+    assert explain_round(rnd, 0).startswith("Round 1: the draft proposed a tree of 7 tokens, up to 3 deep")
+    html = timeline_html(trace)
+    assert html.count('data-tree-nodes="7"') == sum(1 for r in trace.rounds if r.tree and len(r.tree) == 7)
+    assert "tree of 7" in html
+    chain = speculative_generate(tiny_target, ids, NGramDraft(), make_policy("fixed", 3), max_new_tokens=5)
+    assert "chain, not a tree" in tree_figure(chain.rounds[0]).layout.annotations[0].text
+
+
+def test_refused_branches_are_explained(tiny_target, tiny_draft):
+    from visualize.explain import explain_round
+
+    ids = torch.tensor([PROMPTS[0]])
+    trace = speculative_generate(
+        tiny_target,
+        ids,
+        ModelDraft(tiny_draft, 64, "d"),
+        make_policy("fixed", 3),
+        max_new_tokens=30,
+        tree=TreeShape(8, 2),
+    )
+    turned = [(i, r) for i, r in enumerate(trace.rounds) if r.emitted and r.emitted.kind == "correction"]
+    assert turned
+    i, rnd = turned[0]
+    sentence = explain_round(rnd, i)
+    assert "and refused" in sentence and "its own top choice was" in sentence

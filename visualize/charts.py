@@ -168,6 +168,39 @@ def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
     )
 
 
+def tree_size_curve(table: pd.DataFrame) -> go.Figure:
+    """Measured speedup and tokens per round against tree size (0: the chain of the same depth)."""
+    fig = go.Figure()
+    fig.add_scatter(x=table["nodes"], y=table["speedup"], mode="lines+markers", name="speedup (measured)")
+    fig.add_scatter(
+        x=table["nodes"],
+        y=table["tokens_per_round"],
+        mode="lines+markers",
+        name="tokens per round",
+        yaxis="y2",
+        line={"dash": "dot"},
+    )
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"})
+    return _layout(fig, "Speedup against tree size", "N (tree nodes; 0 = the chain)", "speedup (×)")
+
+
+def tree_verify_cost(table: pd.DataFrame) -> go.Figure:
+    """What checking N drafted tokens at once costs, in plain target steps: trees pay it every round."""
+    fig = go.Figure()
+    fig.add_scatter(
+        x=table["nodes"],
+        y=table["verify_ratio"],
+        mode="lines+markers",
+        marker_color=COLORS["verify"],
+        name="verify pass ÷ plain step",
+    )
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    return _layout(
+        fig, "Verify cost against tree size", "N (tree nodes; 0 = the chain)", "target steps per verify pass"
+    )
+
+
 def theory_figure(alpha: float, c: float, verify_growth: float, gamma_max: int = 16) -> go.Figure:
     """Expected speedup and tokens per round against gamma, from the cost model alone.
 

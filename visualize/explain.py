@@ -40,6 +40,8 @@ def explain_round_markdown(rnd: Round, index: int, greedy: bool | None = None) -
 def _explain(rnd: Round, index: int, greedy: bool | None, q: Callable[[str], str]) -> str:
     if greedy is None:
         greedy = all(v.u is None for v in rnd.verdicts)
+    if rnd.tree:
+        return _explain_tree(rnd, index, greedy, q)
     head = f"Round {index + 1}: "
     drafted = [t.text for t in rnd.draft]
     e = rnd.emitted
@@ -80,3 +82,32 @@ def _explain(rnd: Round, index: int, greedy: bool | None, q: Callable[[str], str
         else ""
     )
     return head + f"{proposed}; the target {kept}, {why}, {wrote}{tail}."
+
+
+def _explain_tree(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]) -> str:
+    nodes, e = rnd.tree, rnd.emitted
+    path = [i for i, n in enumerate(nodes) if n.accepted]
+    first = [n.text for n in nodes if n.parent == -1]
+    depth = max(n.depth for n in nodes)
+    proposed = (
+        f"Round {index + 1}: the draft proposed a tree of {len(nodes)} tokens, up to {depth} deep "
+        f"(first guesses {', '.join(map(q, first))})"
+    )
+    kept = (
+        f"the target kept the path {', '.join(q(nodes[i].text) for i in path)}"
+        if path
+        else "the target kept none"
+    )
+    if e is None:
+        return f"{proposed}; {kept}, and the last one ended the text."
+    end = path[-1] if path else -1
+    tried = [n.text for n in nodes if n.parent == end and n.p is not None]
+    if not tried:
+        return f"{proposed}; {kept} to the end of its branch and added {q(e.text)} for free (a bonus token)."
+    after = "after it" if path else "first"
+    if greedy:
+        why = f"its own top choice was {q(e.text)} (p={e.p:.2f})"
+    else:
+        why = "each was kept only with the chance the target had left for it, and none was drawn"
+    refused = f"tried {', '.join(map(q, tried))} {after} and refused {'it' if len(tried) == 1 else 'them'}"
+    return f"{proposed}; {kept}, {refused}: {why}, so it wrote {q(e.text)}."
