@@ -36,6 +36,7 @@ from visualize.charts import (
     theory_figure,
     trace_figures,
     tree_size_curve,
+    tree_theory_figure,
     tree_verify_cost,
 )
 from visualize.explain import explain_round_markdown
@@ -432,6 +433,27 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float):
         + (" Below 1 means speculation costs more than it saves." if cost[best - 1] < 1 else "")
     )
     return theory_figure(alpha, c, verify_growth, int(gamma_max)), text
+
+
+def run_tree_theory(alpha: float, alpha2: float, branch: float, depth: float, c: float, verify_growth: float):
+    """The best tree's expected tokens per round against its size, under the rank-acceptance model."""
+    ranks = costmodel.rank_acceptance(alpha, alpha2, int(branch))
+    depth = int(depth)
+    sizes = range(1, 33)
+    speedups = [
+        costmodel.expected_tokens_tree(ranks, depth, n) / (depth * c + 1 + verify_growth * n) for n in sizes
+    ]
+    best = max(sizes, key=lambda n: speedups[n - 1])
+    tokens = costmodel.expected_tokens_tree(ranks, depth, best)
+    chain = costmodel.expected_tokens(alpha, depth)
+    text = (
+        f"A tree {depth} deep whose candidates are the target's token with probability "
+        f"{', '.join(f'{a:.2f}' for a in ranks)} (best first) is fastest at **N = {best}** nodes: "
+        f"{tokens:.2f} tokens per round against {chain:.2f} for the chain of {depth} "
+        f"(×{tokens / chain:.2f}), ×{speedups[best - 1]:.2f} over plain decoding when drafting a level costs "
+        f"c and checking N+1 tokens 1 + b·N target steps."
+    )
+    return tree_theory_figure(ranks, depth, c, verify_growth), text
 
 
 def run_simulation(alpha: float, gamma: float, rounds: float, seed: float, delay_s: float = 0.5):

@@ -189,6 +189,19 @@ def build_demo() -> gr.Blocks:
                     gamma_max = gr.Slider(2, 16, value=12, step=1, label="γ up to")
                 theory_text = gr.Markdown()
                 theory_plot = gr.Plot(show_label=False)
+                gr.Markdown(
+                    "### Trees\nA node's r-th candidate is the target's token with probability α (the first), "
+                    "**α₂** (the second), then less by α₂/α per rank; a node is accepted when its whole path is. "
+                    "The best tree of N nodes holds the N nodes most likely accepted."
+                )
+                with gr.Row():
+                    alpha2 = gr.Slider(
+                        0.0, 0.99, value=0.15, step=0.01, label="α₂: acceptance of the second choice"
+                    )
+                    tree_branch = gr.Slider(1, MAX_BRANCH, value=3, step=1, label="B: candidates per node")
+                    tree_depth = gr.Slider(1, 8, value=4, step=1, label="tree depth")
+                tree_theory_text = gr.Markdown(elem_id="tree-theory-text")
+                tree_theory_plot = gr.Plot(show_label=False)
                 gr.Markdown("### Simulate\nRandom rounds at acceptance α, no model: watch them arrive.")
                 with gr.Row():
                     sim_gamma = gr.Slider(1, 10, value=4, step=1, label="γ")
@@ -296,6 +309,14 @@ def build_demo() -> gr.Blocks:
             theory_inputs,
             [theory_plot, theory_text],
             api_name="theory",
+        )
+        tree_theory_inputs = [alpha, alpha2, tree_branch, tree_depth, c, growth]
+        gr.on(
+            [x.change for x in tree_theory_inputs] + [demo.load],
+            h.run_tree_theory,
+            tree_theory_inputs,
+            [tree_theory_plot, tree_theory_text],
+            api_name="tree_theory",
         )
         simulation = sim_btn.click(
             h.run_simulation,

@@ -8,6 +8,7 @@ step time / target step time.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -31,6 +32,41 @@ def expected_speedup_measured(
 ) -> float:
     """E[tokens] * T_target / (gamma * T_draft + V(gamma+1)), with V measured."""
     return expected_tokens(alpha, gamma) * t_target / (gamma * t_draft + verify_cost)
+
+
+def rank_acceptance(alpha: float, alpha2: float, branch: int) -> list[float]:
+    """P(the draft's r-th choice is the target's token) for r < branch: α for the first, α₂ for the
+    second, then falling by α₂/α per rank. Under greedy decoding these are disjoint events, so
+    the later ranks are scaled down to leave the sum at most 1."""
+    later = [alpha2 * (alpha2 / alpha if alpha else 0.0) ** r for r in range(branch - 1)]
+    room = 1.0 - alpha
+    if sum(later) > room:
+        later = [a * room / sum(later) for a in later]
+    return [alpha, *later]
+
+
+def expected_tokens_tree(rank_acceptance: Sequence[float], depth: int, nodes: int) -> float:
+    """Expected tokens per round of the best tree of `nodes` nodes, `depth` deep.
+
+    A node is accepted when every candidate on its path is the target's
+    token: the product of their rank acceptances. The best tree keeps the
+    nodes most likely accepted (found best first, as EAGLE-2 and Sequoia
+    grow theirs), and a round yields the target's own token plus, on
+    average, the sum of its nodes' probabilities. One candidate per node
+    gives back `expected_tokens(alpha, depth)`.
+    """
+    frontier = [(-a, 1) for a in rank_acceptance if a > 0]
+    heapq.heapify(frontier)
+    total = 0.0
+    for _ in range(nodes):
+        if not frontier:
+            break
+        p, d = heapq.heappop(frontier)
+        total -= p
+        if d < depth:
+            for a in rank_acceptance:
+                heapq.heappush(frontier, (p * a, d + 1))
+    return 1.0 + total
 
 
 def estimate_alpha(*traces: Trace) -> float:

@@ -288,3 +288,32 @@ def test_refused_branches_are_explained(tiny_target, tiny_draft):
     i, rnd = turned[0]
     sentence = explain_round(rnd, i)
     assert "and refused" in sentence and "its own top choice was" in sentence
+
+
+def test_the_tree_cost_model_reduces_to_the_chain_and_grows_with_the_tree():
+    from decoding import costmodel
+
+    for alpha in (0.3, 0.7, 0.95):
+        assert costmodel.expected_tokens_tree([alpha], 5, 5) == pytest.approx(
+            costmodel.expected_tokens(alpha, 5)
+        )
+    ranks = costmodel.rank_acceptance(0.6, 0.2, 3)
+    assert ranks[:2] == [0.6, 0.2] and sum(ranks) <= 1
+    assert (
+        costmodel.rank_acceptance(0.7, 0.6, 3)[0] == 0.7 and sum(costmodel.rank_acceptance(0.7, 0.6, 3)) <= 1
+    )
+    sizes = [costmodel.expected_tokens_tree(ranks, 4, n) for n in (1, 4, 8, 16, 64)]
+    assert sizes == sorted(sizes) and sizes[-1] <= 5  # never more than depth + 1
+    # With four nodes the best tree already trades the chain's last node (0.6⁴) for a second choice (0.2).
+    assert costmodel.expected_tokens_tree(ranks, 4, 4) == pytest.approx(1 + 0.6 + 0.36 + 0.216 + 0.2)
+    # A second candidate worth having beats the chain of the same depth with the same node budget.
+    assert costmodel.expected_tokens_tree(ranks, 4, 8) > costmodel.expected_tokens(0.6, 4)
+
+
+def test_the_theory_tab_draws_the_best_tree_against_its_size():
+    from app.handlers import run_tree_theory
+
+    fig, text = run_tree_theory(0.6, 0.2, 3, 4, 0.05, 0.1)
+    names = [d.name for d in fig.data]
+    assert names == ["tokens per round (tree)", "tokens per round (chain of 4)", "speedup (tree)"]
+    assert "fastest at **N =" in text and "against 2.31 for the chain of 4" in text

@@ -225,6 +225,37 @@ def theory_figure(alpha: float, c: float, verify_growth: float, gamma_max: int =
     return _layout(fig, f"Expected speedup, α={alpha:.2f}, c={c:.2f}", "γ (draft length)", "speedup (×)")
 
 
+def tree_theory_figure(
+    ranks: list[float], depth: int, c: float, verify_growth: float, n_max: int = 32
+) -> go.Figure:
+    """Expected tokens per round and speedup of the best tree against its size N, beside the chain.
+
+    A round drafts `depth` levels (c target steps each, whatever N) and checks
+    N+1 tokens at 1 + b·N target steps.
+    """
+    sizes = list(range(1, n_max + 1))
+    tokens = [costmodel.expected_tokens_tree(ranks, depth, n) for n in sizes]
+    speedup = [t / (depth * c + 1 + verify_growth * n) for t, n in zip(tokens, sizes)]
+    chain = costmodel.expected_tokens(ranks[0], depth)
+    fig = go.Figure()
+    fig.add_scatter(x=sizes, y=tokens, mode="lines+markers", name="tokens per round (tree)")
+    fig.add_scatter(
+        x=sizes,
+        y=[chain] * len(sizes),
+        mode="lines",
+        name=f"tokens per round (chain of {depth})",
+        line={"dash": "dash", "color": COLORS["plain"]},
+    )
+    fig.add_scatter(x=sizes, y=speedup, mode="lines", name="speedup (tree)", yaxis="y2", line={"dash": "dot"})
+    fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "speedup (×)"})
+    return _layout(
+        fig,
+        f"Best tree {depth} deep, candidates accepted at {', '.join(f'{a:.2f}' for a in ranks)}",
+        "N (tree nodes)",
+        "tokens per round",
+    )
+
+
 def per_position_figure(series: dict[str, list[float]]) -> go.Figure:
     """Per-position acceptance (accepted at position i / drafts, vLLM's definition), one bar group per source."""
     fig = go.Figure()
