@@ -386,7 +386,7 @@ def run_sweep(
 
 
 def parse_sizes(text: str) -> list[int]:
-    """ "0, 4, 8, 16" -> [0, 4, 8, 16]; one clear line for anything else."""
+    """Tree sizes as typed ("0, 4, 8, 16"), sorted; one clear line for anything else."""
     try:
         sizes = sorted({int(x) for x in (text or "").replace(",", " ").split()})
     except ValueError:
@@ -440,9 +440,7 @@ def run_tree_theory(alpha: float, alpha2: float, branch: float, depth: float, c:
     ranks = costmodel.rank_acceptance(alpha, alpha2, int(branch))
     depth = int(depth)
     sizes = range(1, 33)
-    speedups = [
-        costmodel.expected_tokens_tree(ranks, depth, n) / (depth * c + 1 + verify_growth * n) for n in sizes
-    ]
+    speedups = [costmodel.expected_speedup_tree(ranks, depth, n, c, verify_growth) for n in sizes]
     best = max(sizes, key=lambda n: speedups[n - 1])
     tokens = costmodel.expected_tokens_tree(ranks, depth, best)
     chain = costmodel.expected_tokens(alpha, depth)

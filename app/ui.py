@@ -289,15 +289,18 @@ def build_demo() -> gr.Blocks:
             api_name="explain_round",
         )
 
+        sweep_inputs = {
+            **settings,
+            "prompt": sweep_prompt,
+            "sweep_over": sweep_over,
+            "tree_sizes": tree_sizes,
+        }
+        sweep_inputs |= {"k_from": k_from, "k_to": k_to}
         _while_running(
             sweep_btn,
             sweep_stop,
             h.run_sweep,
-            _wire(
-                {**settings, "prompt": sweep_prompt, "sweep_over": sweep_over, "k_from": k_from, "k_to": k_to}
-                | {"tree_sizes": tree_sizes},
-                h.SWEEP_INPUTS,
-            ),
+            _wire(sweep_inputs, h.SWEEP_INPUTS),
             [speedup_plot, accept_plot, sweep_table, sweep_csv, sweep_summary],
             "sweep",
         )

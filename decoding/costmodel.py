@@ -69,6 +69,14 @@ def expected_tokens_tree(rank_acceptance: Sequence[float], depth: int, nodes: in
     return 1.0 + total
 
 
+def expected_speedup_tree(
+    ranks: Sequence[float], depth: int, nodes: int, c: float, verify_growth: float
+) -> float:
+    """A round drafts `depth` levels (c target steps each, whatever the size) and checks
+    nodes + 1 tokens at 1 + b·nodes target steps."""
+    return expected_tokens_tree(ranks, depth, nodes) / (depth * c + 1 + verify_growth * nodes)
+
+
 def estimate_alpha(*traces: Trace) -> float:
     """Per-position acceptance probability under the i.i.d. model, pooled over `traces`.
 

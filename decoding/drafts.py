@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,9 @@ class Draft(ABC):
         round, `rows` are the rows of the target's pass that were kept (the root's and
         the accepted path's), in order."""
 
-    def propose_tree(self, seq: torch.Tensor, depth: int, shape: TreeShape, stop_ids: set[int]) -> TokenTree:
+    def propose_tree(
+        self, seq: torch.Tensor, depth: int, shape: TreeShape, stop_ids: Collection[int]
+    ) -> TokenTree:
         """A tree of up to `shape.nodes` tokens, `depth` deep, to follow `seq` (see decoding/tree.py)."""
         raise SpecLensError(f"a {self.kind} draft cannot draft a token tree yet: use a chain (tree nodes 0)")
 

@@ -20,7 +20,7 @@ with one-hot drafts).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -91,7 +91,7 @@ class TokenTree:
 Expand = Callable[[TokenTree, list[int]], list[list[tuple[int, float]]]]
 
 
-def grow_tree(expand: Expand, depth: int, shape: TreeShape, stop_ids: set[int] = frozenset()) -> TokenTree:
+def grow_tree(expand: Expand, depth: int, shape: TreeShape, stop_ids: Collection[int] = ()) -> TokenTree:
     """Best first, level by level, then the `shape.nodes` best nodes. Nothing grows after a stop token."""
     tree, frontier = TokenTree(), [-1]
     for _ in range(depth):

@@ -235,7 +235,7 @@ def tree_theory_figure(
     """
     sizes = list(range(1, n_max + 1))
     tokens = [costmodel.expected_tokens_tree(ranks, depth, n) for n in sizes]
-    speedup = [t / (depth * c + 1 + verify_growth * n) for t, n in zip(tokens, sizes)]
+    speedup = [costmodel.expected_speedup_tree(ranks, depth, n, c, verify_growth) for n in sizes]
     chain = costmodel.expected_tokens(ranks[0], depth)
     fig = go.Figure()
     fig.add_scatter(x=sizes, y=tokens, mode="lines+markers", name="tokens per round (tree)")
