@@ -25,7 +25,7 @@ from decoding.errors import SpecLensError
 from decoding.models import check_allowed, layer_count
 from decoding.runner import RunConfig, compare_with_plain, iter_generate
 from decoding.sampling import Sampling
-from decoding.sweep import sweep, tree_sweep
+from decoding.sweep import parse_sizes, sweep, tree_sweep
 from decoding.trace import Trace, agreement, validate
 from visualize.cards import stats_html
 from visualize.charts import (
@@ -383,17 +383,6 @@ def run_sweep(
         csv_path = download_folder() / "speclens-sweep.csv"
         table.to_csv(csv_path, index=False)
         return *figures, table.round(3), str(csv_path), summary
-
-
-def parse_sizes(text: str) -> list[int]:
-    """Tree sizes as typed ("0, 4, 8, 16"), sorted; one clear line for anything else."""
-    try:
-        sizes = sorted({int(x) for x in (text or "").replace(",", " ").split()})
-    except ValueError:
-        raise SpecLensError(f"tree sizes are whole numbers separated by commas, got '{text}'") from None
-    if not sizes:
-        raise SpecLensError("give the tree sizes to sweep, e.g. 0, 4, 8, 16 (0: the chain)")
-    return sizes
 
 
 def sweep_summary(table, traces: list[Trace], column: str) -> str:

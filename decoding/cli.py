@@ -39,10 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="bench a running vLLM or SGLang instead (http://host:port: its /v1/completions and /metrics)",
     )
 
-    w = sub.add_parser("sweep", help="one prompt at each k from --k-from to --k-to, against plain decoding")
-    add_run_flags(w, leave_out=("k", "policy", "confidence", "baseline"))
+    w = sub.add_parser(
+        "sweep",
+        help="one prompt at each k from --k-from to --k-to (or each tree size), against plain decoding",
+    )
+    add_run_flags(w, leave_out=("k", "tree_nodes", "policy", "confidence", "baseline"))
     w.add_argument("--k-from", type=int, default=1, help=f"smallest k ({K_MIN}-{K_MAX})")
     w.add_argument("--k-to", type=int, default=6, help=f"largest k ({K_MIN}-{K_MAX})")
+    w.add_argument(
+        "--tree-sizes", help="sweep these tree sizes instead (e.g. 0,4,8,16; 0: the chain), --depth deep"
+    )
+    w.add_argument("--depth", type=int, default=4, help="the trees' depth k when sweeping --tree-sizes")
     w.add_argument("--csv-out", type=Path, help="write the table as CSV here")
 
     _add_tool_commands(sub)
@@ -205,22 +212,29 @@ def _bench(args: argparse.Namespace, command: str) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .sweep import sweep
+    from .sweep import parse_sizes, sweep, tree_sweep
 
     if args.csv_out and not args.csv_out.parent.is_dir():
         raise SpecLensError(f"cannot write the table: folder '{args.csv_out.parent}' does not exist")
     lo, hi = sorted((args.k_from, args.k_to))
+    values = parse_sizes(args.tree_sizes) if args.tree_sizes else list(range(lo, hi + 1))
+    name = "N" if args.tree_sizes else "k"
 
     def report(done: int, total: int) -> None:
         if done < total:
-            print(f"k = {lo + done} ({done + 1} of {total})…", file=sys.stderr)
+            print(f"{name} = {values[done]} ({done + 1} of {total})…", file=sys.stderr)
 
-    traces, table = sweep(run_config(args), range(lo, hi + 1), report)
+    if args.tree_sizes:
+        _, table = tree_sweep(run_config(args, k=args.depth), values, report)
+    else:
+        _, table = sweep(run_config(args), values, report)
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
     print(table.round(3).to_string(index=False))
     best = table.loc[table["speedup"].idxmax()]
-    print(f"best k = {int(best['k'])}: x{best['speedup']:.2f} over plain decoding")
+    print(
+        f"best {name} = {int(best['nodes' if args.tree_sizes else 'k'])}: x{best['speedup']:.2f} over plain decoding"
+    )
     return 0
 
 

@@ -77,6 +77,17 @@ def tree_sweep(
     return traces, tree_table(traces)
 
 
+def parse_sizes(text: str) -> list[int]:
+    """Tree sizes as typed ("0, 4, 8, 16"), sorted; one clear line for anything else."""
+    try:
+        sizes = sorted({int(x) for x in (text or "").replace(",", " ").split()})
+    except ValueError:
+        raise SpecLensError(f"tree sizes are whole numbers separated by commas, got '{text}'") from None
+    if not sizes:
+        raise SpecLensError("give the tree sizes to sweep, e.g. 0, 4, 8, 16 (0: the chain)")
+    return sizes
+
+
 def _against_plain(
     config: RunConfig,
     runs: list[RunConfig],

@@ -251,7 +251,21 @@ def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
     common = ["--target", "t", "--draft", "head", "--max-new-tokens", "9", "--no-chat", "--dtype", "bfloat16"]
     common += ["--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3"]
     for command, extra in (
-        ("generate", ["--prompt", "x", "--k", "6", "--policy", "heuristic", "--confidence", "0.2"]),
+        (
+            "generate",
+            [
+                "--prompt",
+                "x",
+                "--k",
+                "6",
+                "--policy",
+                "heuristic",
+                "--confidence",
+                "0.2",
+                "--tree-nodes",
+                "8",
+            ],
+        ),
         ("bench", ["--prompts", "p.jsonl", "--k", "6", "--policy", "heuristic", "--confidence", "0.2"]),
         ("sweep", ["--prompt", "x", "--k-from", "2", "--k-to", "5"]),
     ):
@@ -266,6 +280,7 @@ def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
         )
         if command != "sweep":
             assert (cfg.k, cfg.policy, cfg.confidence) == (6, "heuristic", 0.2)
+        assert cfg.tree_nodes == (8 if command == "generate" else 0)
 
 
 def test_sweep_prints_a_table_and_writes_it(tmp_path, capsys, smol):
@@ -279,3 +294,10 @@ def test_sweep_prints_a_table_and_writes_it(tmp_path, capsys, smol):
     assert list(table["k"]) == [2, 3] and table["identical_to_baseline"].all()
     assert main(["sweep", "--prompt", prompt, "--k-from", "0", "--k-to", "3"]) == 2
     assert "sweep k values must lie in 1..16" in capsys.readouterr().err
+    trees = ["sweep", "--prompt", prompt, "--tree-sizes", "4, 0", "--depth", "3", "--max-new-tokens", "8"]
+    assert main([*trees, "--csv-out", str(out)]) == 0
+    assert "best N = " in capsys.readouterr().out
+    table = pd.read_csv(out)
+    assert list(table["nodes"]) == [0, 4] and table["identical_to_baseline"].all()
+    assert main(["sweep", "--prompt", prompt, "--tree-sizes", "four"]) == 2
+    assert "tree sizes are whole numbers" in capsys.readouterr().err

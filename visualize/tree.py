@@ -93,7 +93,9 @@ def tree_figure(rnd: Round | None, index: int = 0) -> go.Figure:
         name="last verified",
     )
     _add_emitted(fig, rnd, rows)
-    fig.update_yaxes(visible=False, autorange="reversed")
+    # Room above the first row and below the last for the labels (the target's token sits one row lower).
+    bottom = max(rows.values()) + (rnd.emitted is not None) + 0.8
+    fig.update_yaxes(visible=False, range=[bottom, -0.8])
     kept = sum(n.accepted for n in nodes)
     return _layout(
         fig,
