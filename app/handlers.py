@@ -22,7 +22,8 @@ import gradio as gr
 from decoding import costmodel, engines
 from decoding.budget import RunBudget
 from decoding.errors import SpecLensError
-from decoding.models import check_allowed, layer_count
+from decoding.models import check_allowed, layer_count, load_model
+from decoding.probe import probe
 from decoding.runner import RunConfig, compare_with_plain, iter_generate
 from decoding.sampling import Sampling
 from decoding.sweep import parse_sizes, sweep, tree_sweep
@@ -410,18 +411,41 @@ def _setting(trace: Trace) -> str:
     return f"N = {trace.meta.tree_nodes}" if trace.meta.tree_nodes else f"k = {trace.meta.policy.k}"
 
 
-def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float):
+def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, measured: dict | None = None):
+    """The best γ under the sliders' verify cost, or under this machine's when it was measured."""
     gammas = range(1, int(gamma_max) + 1)
-    cost = [costmodel.expected_speedup_measured(alpha, g, 1.0, c, 1.0 + verify_growth * g) for g in gammas]
+
+    def verify(g: int) -> float:
+        return costmodel.verify_ratio_at(measured, g + 1) if measured else 1.0 + verify_growth * g
+
+    cost = [costmodel.expected_speedup_measured(alpha, g, 1.0, c, verify(g)) for g in gammas]
     best = max(gammas, key=lambda g: cost[g - 1])
+    checking = (
+        "checking γ+1 tokens costing what the probe measured on this machine"
+        if measured
+        else f"checking γ+1 tokens costing **1 + {verify_growth:.2f}·γ** target steps"
+    )
     text = (
-        f"With acceptance **α = {alpha:.2f}**, a draft step costing **c = {c:.2f}** target steps and checking "
-        f"γ+1 tokens costing **1 + {verify_growth:.2f}·γ** target steps, the best draft length is "
-        f"**γ = {best}**: {costmodel.expected_tokens(alpha, best):.2f} tokens per round, "
-        f"×{cost[best - 1]:.2f} faster than plain decoding."
+        f"With acceptance **α = {alpha:.2f}**, a draft step costing **c = {c:.2f}** target steps and {checking}, "
+        f"the best draft length is **γ = {best}**: {costmodel.expected_tokens(alpha, best):.2f} tokens per "
+        f"round, ×{cost[best - 1]:.2f} faster than plain decoding."
         + (" Below 1 means speculation costs more than it saves." if cost[best - 1] < 1 else "")
     )
-    return theory_figure(alpha, c, verify_growth, int(gamma_max)), text
+    return theory_figure(alpha, c, verify_growth, int(gamma_max), measured), text
+
+
+@gpu
+def measure_verify(target: str):
+    """Time the target's pass over 1, 2, 3, 5, 9 and 17 tokens here (decoding/probe.py)."""
+    with user_errors():
+        check_allowed(target)
+        found = probe(load_model((target or "").strip()))
+        ratios = {int(n): v["verify_ratio"] for n, v in found.items() if n.isdigit()}
+        table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in ratios.items())
+        return ratios, (
+            f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}): {table}; "
+            f"one token takes {found['1']['step_ms']:.1f} ms. The curve *speedup (V measured here)* uses them."
+        )
 
 
 def run_tree_theory(alpha: float, alpha2: float, branch: float, depth: float, c: float, verify_growth: float):

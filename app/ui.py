@@ -187,6 +187,12 @@ def build_demo() -> gr.Blocks:
                     c = gr.Slider(0.0, 1.0, value=0.1, step=0.01, label="c: draft cost")
                     growth = gr.Slider(0.0, 1.0, value=0.0, step=0.01, label="b: verify cost per extra token")
                     gamma_max = gr.Slider(2, 16, value=12, step=1, label="γ up to")
+                with gr.Row():
+                    measure_btn = gr.Button(
+                        "Measure V(n) on this machine (the sidebar's target)", elem_id="measure"
+                    )
+                    measured_text = gr.Markdown(elem_id="measured-text")
+                measured = gr.State()
                 theory_text = gr.Markdown()
                 theory_plot = gr.Plot(show_label=False)
                 gr.Markdown(
@@ -309,9 +315,14 @@ def build_demo() -> gr.Blocks:
         gr.on(
             [x.change for x in theory_inputs] + [demo.load],
             h.run_theory,
-            theory_inputs,
+            [*theory_inputs, measured],
             [theory_plot, theory_text],
             api_name="theory",
+        )
+        measure_btn.click(
+            h.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
+        ).success(
+            h.run_theory, [*theory_inputs, measured], [theory_plot, theory_text], api_visibility="private"
         )
         tree_theory_inputs = [alpha, alpha2, tree_branch, tree_depth, c, growth]
         gr.on(

@@ -77,6 +77,18 @@ def expected_speedup_tree(
     return expected_tokens_tree(ranks, depth, nodes) / (depth * c + 1 + verify_growth * nodes)
 
 
+def verify_ratio_at(measured: dict[int, float], n: int) -> float:
+    """V(n)/V(1) from the ratios measured at a few n (the probe's 1, 2, 3, 5, 9, 17): straight
+    lines between them, and the last line's slope beyond the largest."""
+    points = sorted(measured.items())
+    if len(points) == 1:
+        return points[0][1]
+    for (n0, r0), (n1, r1) in zip(points, points[1:]):
+        if n <= n1:
+            return r0 + (r1 - r0) * (n - n0) / (n1 - n0)
+    return r1 + (r1 - r0) * (n - n1) / (n1 - n0)
+
+
 def estimate_alpha(*traces: Trace) -> float:
     """Per-position acceptance probability under the i.i.d. model, pooled over `traces`.
 

@@ -216,6 +216,9 @@ def test_theory_and_simulate(client):
     assert len(figure_json(fig)["data"]) == 2
     fig, text = client.predict(0.8, 0.1, 0.5, 10, api_name="/theory")
     assert "γ = 10" not in text and len(figure_json(fig)["data"]) == 3
+    result = client.predict("smollm2-135m", api_name="/measure_verify")
+    text = result[-1] if isinstance(result, tuple | list) else result
+    assert "Measured here for **smollm2-135m**" in text and "V(17)/V(1) = " in text
     fig, text = client.predict(0.6, 0.2, 3, 4, 0.05, 0.1, api_name="/tree_theory")
     assert "fastest at **N =" in text and len(figure_json(fig)["data"]) == 3
     timeline, sentence = client.predict(0.7, 3, 2, 0, api_name="/simulate")

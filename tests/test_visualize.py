@@ -129,6 +129,22 @@ def test_cost_model_formulas():
     assert len(fig.data) == 3 and len(fig.data[0].x) == 8
 
 
+def test_the_theory_tab_uses_this_machines_measured_verify_cost():
+    from app.handlers import run_theory
+
+    measured = {1: 1.0, 2: 1.24, 3: 1.31, 5: 1.55, 9: 1.77, 17: 2.26}  # the probe's figures here
+    assert costmodel.verify_ratio_at(measured, 4) == pytest.approx(1.43)  # between 3 and 5
+    assert costmodel.verify_ratio_at(measured, 21) == pytest.approx(2.26 + 0.49 * 4 / 8)  # the last slope on
+    fig, text = run_theory(0.7, 0.1, 0.0, 8, measured)
+    assert "speedup (V measured here)" in [d.name for d in fig.data]
+    assert "what the probe measured on this machine" in text
+    free, _ = run_theory(0.7, 0.1, 0.0, 8)
+    assert "speedup (V measured here)" not in [d.name for d in free.data]
+    # Measured verify costs make long drafts dear: the best γ is shorter than with free verification.
+    best = int(text.split("**γ = ")[1].split("**")[0])
+    assert best < int(run_theory(0.7, 0.1, 0.0, 8)[1].split("**γ = ")[1].split("**")[0])
+
+
 def test_simulation_matches_the_formula():
     alpha, gamma = 0.7, 4
     trace = simulate_trace(alpha, gamma, rounds=4000, seed=1)

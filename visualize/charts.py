@@ -201,11 +201,18 @@ def tree_verify_cost(table: pd.DataFrame) -> go.Figure:
     )
 
 
-def theory_figure(alpha: float, c: float, verify_growth: float, gamma_max: int = 16) -> go.Figure:
+def theory_figure(
+    alpha: float,
+    c: float,
+    verify_growth: float,
+    gamma_max: int = 16,
+    measured: dict[int, float] | None = None,
+) -> go.Figure:
     """Expected speedup and tokens per round against gamma, from the cost model alone.
 
     verify_growth b models the cost of checking gamma+1 tokens as
-    (1 + b * gamma) target steps; b = 0 is Leviathan's assumption.
+    (1 + b * gamma) target steps; b = 0 is Leviathan's assumption. `measured`
+    (V(n)/V(1) at a few n, from the probe) adds the curve for this machine.
     """
     gammas = list(range(1, gamma_max + 1))
     tokens = [costmodel.expected_tokens(alpha, g) for g in gammas]
@@ -217,6 +224,12 @@ def theory_figure(alpha: float, c: float, verify_growth: float, gamma_max: int =
         fig.add_scatter(
             x=gammas, y=meas, mode="lines+markers", name=f"speedup (V grows {verify_growth:.2f}/token)"
         )
+    if measured:
+        here = [
+            costmodel.expected_speedup_measured(alpha, g, 1.0, c, costmodel.verify_ratio_at(measured, g + 1))
+            for g in gammas
+        ]
+        fig.add_scatter(x=gammas, y=here, mode="lines+markers", name="speedup (V measured here)")
     fig.add_scatter(
         x=gammas, y=tokens, mode="lines", name="tokens per round", yaxis="y2", line={"dash": "dot"}
     )
