@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from . import costmodel, runner
+from .crossdraft import CrossTokenizerDraft
 from .drafts import Draft, LayerDraft, ModelDraft, NGramDraft
 from .errors import SpecLensError
 from .models import LoadedModel
@@ -67,7 +68,8 @@ class BenchConfig:
     command: str = ""  # the command line that ran it, for the results
 
 
-def read_prompts(path: Path, limit: int) -> list[dict]:
+def read_prompts(path: Path, limit: int, fits: Callable[[str], bool] | None = None) -> list[dict]:
+    """The first `limit` prompts of each category; with `fits`, the first that fit the target."""
     if not path.is_file():
         raise SpecLensError(f"no prompts file at '{path}'")
     rows, seen = [], {}
@@ -79,11 +81,11 @@ def read_prompts(path: Path, limit: int) -> list[dict]:
             category, prompt = row["category"], row["prompt"]
         except (json.JSONDecodeError, KeyError, TypeError):
             raise SpecLensError(f"{path}:{n}: expected a JSON object with category and prompt") from None
-        if seen.get(category, 0) < limit:
+        if seen.get(category, 0) < limit and (fits is None or fits(prompt)):
             seen[category] = seen.get(category, 0) + 1
             rows.append({"category": category, "question_id": row.get("question_id", n), "prompt": prompt})
     if not rows:
-        raise SpecLensError(f"'{path}' holds no prompts")
+        raise SpecLensError(f"'{path}' holds no prompts" + (" that fit the target's context" if fits else ""))
     return rows
 
 
@@ -101,6 +103,12 @@ def hf_generate(run: PreparedRun) -> tuple[list[int], float]:
         kwargs |= {"assistant_early_exit": draft.model.config.num_hidden_layers}
     elif isinstance(draft, ModelDraft):
         kwargs |= {"assistant_model": draft.model}
+    elif isinstance(draft, CrossTokenizerDraft):  # Universal Assisted Generation
+        kwargs |= {
+            "assistant_model": draft.model,
+            "tokenizer": target.tokenizer,
+            "assistant_tokenizer": draft.tok,
+        }
     if not isinstance(draft, NGramDraft):
         kwargs |= {
             "num_assistant_tokens": k,
@@ -160,7 +168,8 @@ def run_prompt(run: PreparedRun) -> dict:
 
 
 def run_bench(cfg: BenchConfig, say: Callable[[str], None] = print) -> pd.DataFrame:
-    prompts = read_prompts(cfg.prompts, cfg.limit)
+    # A model with a short context (Gemma-3's 512-token window here) takes the prompts that fit.
+    prompts = read_prompts(cfg.prompts, cfg.limit, lambda p: runner.fits(replace(cfg.run, prompt=p)))
 
     def prepared(prompt: str, draft: Draft | None = None) -> PreparedRun:
         return runner.prepare(replace(cfg.run, prompt=prompt), draft)

@@ -17,9 +17,9 @@ import torch
 
 from .errors import SpecLensError
 from .forward import crop, forward, new_cache
-from .models import LoadedModel, check_same_tokenizer, compile_forward, load_model, public_name
+from .models import LoadedModel, compile_forward, load_model, public_name, same_tokenizer
 from .sampling import Sampling
-from .trace import Match
+from .trace import Match, Translation
 from .tree import TokenTree, TreeShape, additive, grow_tree, level_mask
 from .verify import warp
 
@@ -37,6 +37,7 @@ class Proposal:
     # position, for the trace; None for a draft without a distribution.
     top: tuple[torch.Tensor, torch.Tensor] | None = None
     match: Match | None = None  # n-gram drafts: where the tokens were copied from
+    translation: Translation | None = None  # a draft with another tokenizer: its own tokens
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -48,6 +49,7 @@ class Proposal:
             None if self.dists is None else self.dists[:n],
             None if self.top is None else (self.top[0][:n], self.top[1][:n]),
             self.match,
+            None if self.translation is None else self.translation.cut(n),
         )
 
 
@@ -111,7 +113,7 @@ class ModelDraft(Draft):
         fresh = seq[:, self.cache.get_seq_length() :]
         tokens, qs, dists, tops = [], [], [], []
         for _ in range(k):
-            logits = _fit_vocab(forward(self.model, fresh, self.cache, keep=1)[-1], self.vocab_size)
+            logits = fit_vocab(forward(self.model, fresh, self.cache, keep=1)[-1], self.vocab_size)
             if sampling.greedy:
                 probs = logits.float().softmax(-1)
                 token = probs.argmax()
@@ -150,7 +152,7 @@ class ModelDraft(Draft):
                 mask = additive(allowed, self.model.dtype)[None, None]
                 logits = forward(self.model, ids, self.cache, position_ids=positions, mask=mask)
                 slots.update({node: past + j for j, node in enumerate(frontier)})
-            top = torch.topk(_fit_vocab(logits, self.vocab_size).float().softmax(-1), shape.branch)
+            top = torch.topk(fit_vocab(logits, self.vocab_size).float().softmax(-1), shape.branch)
             return [list(zip(i.tolist(), p.tolist())) for p, i in zip(top.values, top.indices)]
 
         try:
@@ -159,7 +161,7 @@ class ModelDraft(Draft):
             crop(self.cache, start)
 
 
-def _fit_vocab(logits: torch.Tensor, width: int) -> torch.Tensor:
+def fit_vocab(logits: torch.Tensor, width: int) -> torch.Tensor:
     # Same tokenizer, different padding of the embedding matrix (Qwen2.5
     # 0.5B vs 7B): ids past the target's width can never be proposed.
     n = logits.shape[-1]
@@ -257,7 +259,8 @@ class NGramDraft(Draft):
 
 
 def build_draft(spec: str, target: LoadedModel) -> Draft | None:
-    """`ngram`, `layers:N`, `head`, `head:PATH`, `none`, or a model name for a separate draft model."""
+    """`ngram`, `layers:N`, `head`, `head:PATH`, `none`, or a model name for a separate draft
+    model (one with another tokenizer drafts through text: see decoding/crossdraft.py)."""
     spec = (spec or "").strip()
     if spec in ("", "none"):
         return None
@@ -275,8 +278,11 @@ def build_draft(spec: str, target: LoadedModel) -> Draft | None:
             compile_forward(draft.model)
         return draft
     draft = load_model(spec, str(target.device), str(target.dtype).removeprefix("torch."), target.compiled)
-    check_same_tokenizer(target.tokenizer, draft.tokenizer, target.name, spec)
-    return ModelDraft(draft.model, target.vocab_size, public_name(spec))
+    if same_tokenizer(target.tokenizer, draft.tokenizer):
+        return ModelDraft(draft.model, target.vocab_size, public_name(spec))
+    from .crossdraft import CrossTokenizerDraft  # crossdraft builds on this module
+
+    return CrossTokenizerDraft(draft, target.tokenizer, target.vocab_size, public_name(spec))
 
 
 def _head_draft(spec: str, target: LoadedModel) -> Draft:

@@ -13,10 +13,6 @@ class HubUnreachableError(SpecLensError):
     pass
 
 
-class TokenizerMismatchError(SpecLensError):
-    pass
-
-
 class ModelTooLargeError(SpecLensError):
     pass
 

@@ -27,7 +27,6 @@ from .errors import (
     ModelNotFoundError,
     ModelTooLargeError,
     SpecLensError,
-    TokenizerMismatchError,
 )
 from .packed import pack_output_layer
 
@@ -459,11 +458,6 @@ def _first_line(exc: BaseException) -> str:
 # -- compatibility -------------------------------------------------------------
 
 
-def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    """A model draft must speak the target's vocabulary, token for token."""
-    if target_tok.get_vocab() != draft_tok.get_vocab():
-        raise TokenizerMismatchError(
-            f"draft '{draft_name}' does not share the tokenizer of target '{target_name}' "
-            f"({len(draft_tok)} vs {len(target_tok)} tokens); use a draft from the same "
-            "model family, or the ngram or layers:N drafts"
-        )
+def same_tokenizer(target_tok, draft_tok) -> bool:
+    """Whether a draft speaks the target's vocabulary token for token (else it drafts through text)."""
+    return target_tok.get_vocab() == draft_tok.get_vocab()

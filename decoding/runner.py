@@ -115,6 +115,13 @@ def library_versions() -> dict[str, str]:
     }
 
 
+def fits(config: RunConfig) -> bool:
+    """Whether the prompt and the new tokens fit the target's context here."""
+    target = load_model(config.target, config.device, config.dtype, config.compile)
+    prompt_ids = encode_prompt(target, config.prompt, config.chat)
+    return prompt_ids.shape[1] + config.max_new_tokens <= context_limit(target.model)
+
+
 def _target_and_prompt(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
     target = load_model(config.target, config.device, config.dtype, config.compile)
     prompt_ids = encode_prompt(target, config.prompt, config.chat)

