@@ -126,7 +126,7 @@ def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
     if kind == "model":
         name = (draft_model or "").strip()
         if not name:
-            raise SpecLensError("choose a draft model: a smaller model with the target's tokenizer")
+            raise SpecLensError("choose a draft model: a preset, a folder or a hub id of a smaller model")
         check_allowed(name)
         return name
     return kind

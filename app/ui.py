@@ -35,6 +35,12 @@ PAIRS = {
         None,
     ),
     "Gemma-3-270M · n-gram draft (offline)": ("gemma3-270m", "n-gram (prompt lookup)", 10, None),
+    "Gemma-3-270M ← SmolLM2-135M, another tokenizer (offline)": (
+        "gemma3-270m",
+        "separate draft model",
+        10,
+        "smollm2-135m",
+    ),
     **{
         f"{PRESETS[t].hub_id.split('/')[1]} ← {PRESETS[d].hub_id.split('/')[1]} (hub)": (
             t,
@@ -82,7 +88,7 @@ def build_demo() -> gr.Blocks:
                 presets,
                 value=None,
                 allow_custom_value=True,
-                label="Draft model (same tokenizer as the target)",
+                label="Draft model (another tokenizer drafts through text)",
                 visible=False,
             )
             k = gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round (a tree's depth)")

@@ -84,6 +84,19 @@ def test_every_draft_source_and_sampling(client):
         check_invariants(Trace.load(json_path))
 
 
+def test_the_offline_pair_with_two_tokenizers(client):
+    """Gemma-3-270M checks what SmolLM2-135M drafts, as the sidebar's offline pair sets it."""
+    over = {"target": "gemma3-270m", "source": "separate draft model", "draft_model": "smollm2-135m", "k": 3}
+    timeline, text, cards, *_, json_path, _, _, sentence, _ = client.predict(
+        **generate_args("What is the capital of France?", max_new=12, **over), api_name="/generate"
+    )
+    trace = Trace.load(json_path)
+    check_invariants(trace)
+    assert trace.meta.draft_kind == "cross" and trace.totals.identical_to_baseline is True
+    assert "re-encoded for the target" in timeline or "same text in both vocabularies" in timeline
+    assert "another tokenizer" in sentence
+
+
 @pytest.mark.parametrize(
     ("over", "message"),
     [

@@ -185,9 +185,13 @@ def test_hub_unreachable_answers_fast(capsys, monkeypatch):
     assert "not reachable" in err
 
 
-def test_mismatched_tokenizer(capsys, smol, mismatched_draft):
-    err = run_bad(capsys, "--prompt", "hi", "--draft", str(mismatched_draft))
-    assert "does not share the tokenizer" in err
+def test_a_draft_with_another_tokenizer_drafts_through_text(tmp_path, capsys, smol, mismatched_draft):
+    out = tmp_path / "t.json"
+    args = ["generate", "--prompt", "hi", "--draft", str(mismatched_draft), "--max-new-tokens", "6"]
+    assert main([*args, "--trace-out", str(out)]) == 0, capsys.readouterr().err
+    trace = Trace.load(out)
+    assert trace.meta.draft_kind == "cross"
+    assert all(r.translation is not None for r in trace.rounds if r.k)
 
 
 def test_model_too_large(capsys, huge_model):

@@ -8,11 +8,12 @@ offline pair: Gemma-3-270M checked, SmolLM2-135M drafting.
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
 import torch
-from conftest import first_of, tiny_llama
+from conftest import ROOT, first_of, tiny_llama
 from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -20,12 +21,15 @@ from transformers import PreTrainedTokenizerFast
 from decoding import runner
 from decoding.crossdraft import CrossTokenizerDraft, shared_vocabulary
 from decoding.drafts import build_draft
+from decoding.errors import TraceError
 from decoding.models import LoadedModel
 from decoding.policies import make_policy
 from decoding.runner import RunConfig, token_texts
 from decoding.sampling import Sampling
 from decoding.speculative import autoregressive_generate, speculative_generate
-from decoding.trace import validate
+from decoding.trace import Trace, validate
+from visualize.explain import explain_round, explain_round_markdown
+from visualize.timeline import timeline_html
 
 CHARS = ["<eos>", " ", ".", *"abcdefghij"]  # every character the draft's words hold
 WORDS = ["<eos>", " ", *"abcdefghij", " a", " be", " cab", " dig", "jig", " head", "fad", " deaf", "."]
@@ -201,6 +205,33 @@ def test_a_draft_folder_with_another_tokenizer_drafts_through_text(tmp_path, cha
     target = loaded(copy.deepcopy(char_target).float(), chars(), "chars")
     draft = build_draft(str(folder), target)
     assert isinstance(draft, CrossTokenizerDraft) and draft.kind == "cross"
+
+
+EXAMPLE = ROOT / "assets" / "traces" / "math_reasoning-gemma-smollm2-greedy.json"
+
+
+def test_the_example_trace_shows_both_tokenizers():
+    """The committed Gemma-3 ← SmolLM2 run: each chip names the draft tokens it came from,
+    each round's label and sentence say so."""
+    trace = Trace.load(EXAMPLE)
+    validate(trace)
+    assert trace.meta.draft_kind == "cross" and trace.output.token_ids == trace.baseline.token_ids
+    html = timeline_html(trace)
+    assert "re-encoded for the target" in html and "from 3 draft tokens" in html
+    rnd = next(r for r in trace.rounds if r.k == 3)
+    assert "another tokenizer" in explain_round(rnd, 0, True)
+    assert "of its own" in explain_round_markdown(rnd, 0, True)
+
+
+def test_a_broken_translation_is_refused():
+    data = json.loads(EXAMPLE.read_text())
+    rnd = next(r for r in data["rounds"] if r["k"])
+    rnd["translation"]["sources"][0] = [99]
+    with pytest.raises(TraceError, match="indices of the draft's own tokens"):
+        validate(Trace.from_dict(data))
+    rnd["translation"]["sources"] = []
+    with pytest.raises(TraceError, match="sources for 0 tokens"):
+        validate(Trace.from_dict(data))
 
 
 # -- the real offline pair ----------------------------------------------------------

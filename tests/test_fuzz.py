@@ -21,7 +21,11 @@ from visualize.timeline import timeline_html
 # In today's shape (the files are version 2, which tests/test_trace.py migrates).
 BASES = [
     Trace.load(ROOT / "assets" / "traces" / name).to_dict()
-    for name in ("summarization-ngram-greedy.json", "classroom-ngram-sampled.json")
+    for name in (
+        "summarization-ngram-greedy.json",
+        "classroom-ngram-sampled.json",
+        "math_reasoning-gemma-smollm2-greedy.json",
+    )
 ]
 HOSTILE = [
     "<script>alert(1)</script>",

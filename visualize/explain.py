@@ -42,6 +42,28 @@ def _explain(rnd: Round, index: int, greedy: bool | None, q: Callable[[str], str
         greedy = all(v.u is None for v in rnd.verdicts)
     if rnd.tree:
         return _explain_tree(rnd, index, greedy, q)
+    return _explain_chain(rnd, index, greedy, q) + _explain_translation(rnd, q)
+
+
+def _explain_translation(rnd: Round, q: Callable[[str], str]) -> str:
+    """A draft with another tokenizer: what it wrote in its own tokens, and how the target read it."""
+    t = rnd.translation
+    if t is None or not t.ids:
+        return ""
+    n = len(t.ids)
+    own = f"{', '.join(map(q, t.texts))} ({n} token{'s' * (n != 1)} of its own)"
+    if t.mode == "vocab":
+        return (
+            f" The draft has another tokenizer: it drew {own}, only from tokens whose text the "
+            "target's vocabulary holds too, so each is one target token."
+        )
+    checked = f"the {rnd.k} token{'s' * (rnd.k != 1)} checked"
+    return (
+        f" The draft has another tokenizer: it wrote {own}, which the target's tokenizer reads as {checked}."
+    )
+
+
+def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]) -> str:
     head = f"Round {index + 1}: "
     drafted = [t.text for t in rnd.draft]
     e = rnd.emitted

@@ -4,7 +4,8 @@ One row per round: accepted draft tokens, the rejected one struck through,
 the discarded ones (never judged) greyed, then the target's own token (a
 correction or a bonus). Hovering a token shows p, q, the acceptance
 probability and u, and where the round turned the target's and the draft's
-top 5; hovering a round shows its plain-language explanation. The prompt is
+top 5, and for a draft with another tokenizer the draft tokens it came from;
+hovering a round shows its plain-language explanation. The prompt is
 shown token by token as the target saw it; for a selected n-gram round the
 part the draft matched and copied is marked. All token text is escaped.
 """
@@ -55,6 +56,8 @@ def _turn_lines(rnd: Round) -> str:
     if rnd.n_accepted < rnd.k:
         if rnd.draft_top:
             lines += _top_lines("draft's top 5 here", rnd.draft_top, "q")
+        elif rnd.translation is not None:
+            lines += "\ndraft: another tokenizer; q is its probability of the draft token this came from"
         elif rnd.target_top is not None:
             lines += "\ndraft: this one token with q = 1 (it has no distribution)"
         lines += _top_lines("drawn from the residual max(0, p − q), top 5", rnd.residual_top, "r")
@@ -76,6 +79,19 @@ def _match_line(rnd: Round, prompt_texts: list[str]) -> str:
     return f"\ncopied from {where}{after}"
 
 
+def _translation_line(rnd: Round, j: int) -> str:
+    """Which of the draft's own tokens (it has another tokenizer) this target token came from."""
+    t = rnd.translation
+    if t is None or j >= len(t.sources):
+        return ""
+    own = ", ".join(f"“{t.texts[i].replace(chr(10), '↵')}” (id {t.ids[i]})" for i in t.sources[j])
+    if not own:
+        return "\nadded by the draft's end of text"
+    if t.mode == "vocab":
+        return f"\nthe draft's own token {own}: the same text in both vocabularies"
+    return f"\nfrom the draft's own token{'s' * (len(t.sources[j]) > 1)} {own}, re-encoded for the target"
+
+
 def _draft_chip(rnd: Round, j: int, prompt_texts: list[str]) -> str:
     tok, v = rnd.draft[j], rnd.verdicts[j]
     tip = f"{KIND_LABELS[v.kind]} · position {j + 1}\nq (draft) = {_fmt(tok.q)}"
@@ -85,7 +101,7 @@ def _draft_chip(rnd: Round, j: int, prompt_texts: list[str]) -> str:
         tip += f"\np (target) = {_fmt(v.p)}\naccept prob = {_fmt(v.accept_prob)}\nu = {_fmt(v.u)}"
     if v.kind == "rejected":
         tip += _turn_lines(rnd)
-    return _token(v.kind, tok.text, tip + _match_line(rnd, prompt_texts))
+    return _token(v.kind, tok.text, tip + _match_line(rnd, prompt_texts) + _translation_line(rnd, j))
 
 
 def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str]) -> str:
@@ -98,6 +114,9 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
     timing = f"{rnd.round_ms:.0f} ms"
     # A tree round shows its main line (the accepted path, then the best refused child).
     shape = f"tree of {len(rnd.tree)}" if rnd.tree else f"k={rnd.k}"
+    if rnd.translation is not None:  # a draft with another tokenizer: k counts target tokens
+        n = len(rnd.translation.ids)
+        shape += f" from {n} draft token{'s' * (n != 1)}"
     nodes = f' data-tree-nodes="{len(rnd.tree)}"' if rnd.tree else ""
     return (
         f'<div class="{cls}" data-round="{index}"{nodes}>'
