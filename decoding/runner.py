@@ -115,16 +115,19 @@ def library_versions() -> dict[str, str]:
     }
 
 
+def _load_and_encode(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
+    target = load_model(config.target, config.device, config.dtype, config.compile)
+    return target, encode_prompt(target, config.prompt, config.chat)
+
+
 def fits(config: RunConfig) -> bool:
     """Whether the prompt and the new tokens fit the target's context here."""
-    target = load_model(config.target, config.device, config.dtype, config.compile)
-    prompt_ids = encode_prompt(target, config.prompt, config.chat)
+    target, prompt_ids = _load_and_encode(config)
     return prompt_ids.shape[1] + config.max_new_tokens <= context_limit(target.model)
 
 
 def _target_and_prompt(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
-    target = load_model(config.target, config.device, config.dtype, config.compile)
-    prompt_ids = encode_prompt(target, config.prompt, config.chat)
+    target, prompt_ids = _load_and_encode(config)
     check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
     return target, prompt_ids
 

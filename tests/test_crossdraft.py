@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,8 +21,7 @@ from transformers import PreTrainedTokenizerFast
 
 from decoding import runner
 from decoding.crossdraft import CrossTokenizerDraft, shared_vocabulary
-from decoding.drafts import build_draft
-from decoding.errors import TraceError
+from decoding.errors import SpecLensError, TraceError
 from decoding.models import LoadedModel
 from decoding.policies import make_policy
 from decoding.runner import RunConfig, token_texts
@@ -199,12 +199,17 @@ def test_sampling_through_the_shared_vocabulary_follows_the_target(sampling):
 
 
 def test_a_draft_folder_with_another_tokenizer_drafts_through_text(tmp_path, char_target):
-    folder = tmp_path / "words"
-    words().save_pretrained(folder)
-    tiny_llama(seed=1, layers=2, vocab=len(WORDS)).to(torch.float32).save_pretrained(folder)
-    target = loaded(copy.deepcopy(char_target).float(), chars(), "chars")
-    draft = build_draft(str(folder), target)
-    assert isinstance(draft, CrossTokenizerDraft) and draft.kind == "cross"
+    target_folder, draft_folder = tmp_path / "chars", tmp_path / "words"
+    chars().save_pretrained(target_folder)
+    copy.deepcopy(char_target).float().save_pretrained(target_folder)
+    words().save_pretrained(draft_folder)
+    tiny_llama(seed=1, layers=2, vocab=len(WORDS)).to(torch.float32).save_pretrained(draft_folder)
+    config = RunConfig(target=str(target_folder), draft=str(draft_folder), prompt="a bad cab", chat=False)
+    run = runner.prepare(replace(config, max_new_tokens=12))
+    assert isinstance(run.draft, CrossTokenizerDraft) and run.draft.kind == "cross"
+    validate(runner.speculative(run))
+    with pytest.raises(SpecLensError, match="cross draft cannot draft a token tree"):
+        runner.prepare(replace(config, tree_nodes=4))
 
 
 EXAMPLE = ROOT / "assets" / "traces" / "math_reasoning-gemma-smollm2-greedy.json"
