@@ -70,7 +70,7 @@ def build_demo() -> gr.Blocks:
             "and keeps the ones it would have written itself. Watch every guess and every verdict."
         )
         with gr.Sidebar(label="Models and decoding"):
-            pair = gr.Dropdown(list(PAIRS), value=list(PAIRS)[0], label="Model pair")
+            pair = gr.Dropdown(list(PAIRS), value=list(PAIRS)[0], label="Model pair", elem_id="pair")
             target = gr.Dropdown(
                 presets,
                 value=OFFLINE_PRESETS[0],

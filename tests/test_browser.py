@@ -6,6 +6,7 @@ Screenshots land in artifacts/ (or $SPECLENS_ARTIFACTS) as test artefacts.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -229,3 +230,17 @@ def test_a_tree_run_draws_the_tree_of_the_chosen_round(page):
     )
     assert "tree of" in page.locator("#timeline [data-round='0'] .sl-label").inner_text()
     page.locator("#tree-plot").screenshot(path=ARTIFACTS / "tree.png")
+
+
+def test_the_pair_with_two_tokenizers_from_the_sidebar(page):
+    """Gemma-3-270M ← SmolLM2-135M: chosen from the pair list, run, and its chips name their draft tokens."""
+    page.locator("#pair input").click()
+    page.get_by_role("option", name=re.compile("another tokenizer")).click()
+    page.fill("#prompt textarea", "What is the capital of France?")
+    set_number(page, "max-new", 10)
+    page.click("#run")
+    page.wait_for_function("document.querySelector('#cards').innerText.includes('identical')", timeout=LONG)
+    assert "draft token" in page.locator("#timeline [data-round='0'] .sl-label").inner_text()
+    tips = page.locator("#timeline .sl-rounds .sl-tok").evaluate_all("chips => chips.map(c => c.title)")
+    assert any("the draft's own token" in t for t in tips)
+    page.screenshot(path=ARTIFACTS / "two-tokenizers.png", full_page=True)
