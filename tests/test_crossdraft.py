@@ -187,8 +187,8 @@ def test_sampling_through_the_shared_vocabulary_follows_the_target(sampling):
     counts = np.zeros_like(joint)
     accepted = 0
     runs = 2500
-    for seed in range(runs):
-        draft = CrossTokenizerDraft(loaded(draft_model, draft_tok, "w"), tok, len(CHARS), "w")
+    draft = CrossTokenizerDraft(loaded(draft_model, draft_tok, "w"), tok, len(CHARS), "w")
+    for seed in range(runs):  # the loop resets the draft for each run
         s = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed)
         trace = speculative_generate(target, prompt, draft, make_policy("fixed", 2), s, max_new_tokens=2)
         t1, t2 = trace.output.token_ids
