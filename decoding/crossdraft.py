@@ -140,7 +140,7 @@ class CrossTokenizerDraft(Draft):
             if token in self.eos or (min_confidence is not None and probs[-1] < min_confidence):
                 break
             # k target tokens are enough, even when the k-th is a word's first piece: another
-            # draft step to finish the word costs about half a target step.
+            # draft step to finish the word would cost most of a target step on a CPU.
             if len(self.to_target(self.text_after(context, drafted))) >= k:
                 break
             fresh = [token]

@@ -230,7 +230,7 @@ class RunMeta:
 
     target: str = ""
     target_source: str = ""  # the hub id (plus the GGUF file of an offline preset)
-    draft_kind: str = ""  # ngram, layers, head or model
+    draft_kind: str = ""  # ngram, layers, head, model, or cross (a model with another tokenizer)
     draft: str = ""
     device: str = ""
     dtype: str = ""
