@@ -1,20 +1,32 @@
-"""One forward pass of a causal LM over new tokens, extending its KV cache."""
+"""One forward pass of a causal LM over new tokens, extending its KV cache.
+
+A Llama on the CPU takes SpecLens's own pass (`llama.py`, the default CPU
+mode); any other model its own forward. A model's cache comes from
+`new_cache`, which picks the kind its pass writes.
+"""
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
 
+from . import llama
 
-def new_cache(model: torch.nn.Module) -> DynamicCache:
-    return DynamicCache(config=model.config)
+
+def new_cache(model: torch.nn.Module) -> DynamicCache | llama.StepCache:
+    return llama.StepCache(model) if _lean(model) else DynamicCache(config=model.config)
+
+
+def _lean(model: torch.nn.Module) -> bool:
+    # A model whose forward was replaced (compiled, `models.compile_forward`) keeps it.
+    return llama.fits(model) and "forward" not in vars(model)
 
 
 @torch.inference_mode()
 def forward(
     model: torch.nn.Module,
     ids: torch.Tensor,
-    cache: DynamicCache,
+    cache: DynamicCache | llama.StepCache,
     keep: int = 0,
     position_ids: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
@@ -26,6 +38,8 @@ def forward(
     A token tree passes its `position_ids` and an additive 4D `mask`
     ([1, 1, n, cached + n]); transformers uses such a mask as it is.
     """
+    if isinstance(cache, llama.StepCache):
+        return llama.forward(model, ids, cache, keep, position_ids, mask)
     out = model(
         input_ids=ids,
         cache=cache,
@@ -37,7 +51,7 @@ def forward(
     return out.logits[0]
 
 
-def crop(cache: DynamicCache, length: int) -> None:
+def crop(cache: DynamicCache | llama.StepCache, length: int) -> None:
     """Roll the cache back so that it holds the first `length` tokens."""
     extra = cache.get_seq_length() - length
     if extra > 0:

@@ -29,6 +29,7 @@ from .errors import (
     SpecLensError,
 )
 from .packed import pack_output_layer
+from .rowlinear import use_row_kernel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -151,7 +152,8 @@ class LoadedModel:
     dtype: torch.dtype
     compiled: bool = False
     nbytes: int = 0  # weights in memory, what the model budget counts
-    packed: bool = False  # the output layer runs through oneDNN, packed once (decoding/packed.py)
+    row_kernel: bool = False  # linear layers run SpecLens's kernel (decoding/rowlinear.py)
+    packed: bool = False  # else the output layer runs through oneDNN, packed once (decoding/packed.py)
 
     @property
     def vocab_size(self) -> int:
@@ -224,11 +226,18 @@ def load_model(
                 compile_forward(loaded.model)
                 loaded.compiled = True
             else:  # the default CPU fast path; inductor packs for itself when compiling
-                loaded.packed = pack_output_layer(loaded.model)
-                if loaded.packed:  # oneDNN's copy of the output layer
-                    loaded.nbytes += model_bytes(loaded.model.get_output_embeddings())
+                _use_fast_linears(loaded)
             _loaded[key] = loaded
         return _loaded[key]
+
+
+def _use_fast_linears(loaded: LoadedModel) -> None:
+    """SpecLens's kernel where it builds, else oneDNN's packed output layer (float32 CPU models only)."""
+    loaded.row_kernel = use_row_kernel(loaded.model)
+    if not loaded.row_kernel:
+        loaded.packed = pack_output_layer(loaded.model)
+        if loaded.packed:  # oneDNN's copy of the output layer
+            loaded.nbytes += model_bytes(loaded.model.get_output_embeddings())
 
 
 def compile_forward(model: torch.nn.Module) -> None:

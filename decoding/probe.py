@@ -17,6 +17,7 @@ import torch
 
 from .forward import crop, forward, new_cache
 from .models import LoadedModel
+from .rowlinear import RowLinear
 
 ROWS = (1, 2, 3, 5, 9, 17)
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
@@ -49,7 +50,8 @@ def peak_gflops(n: int = 2048, reps: int = 4) -> float:
 
 def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
     """(bytes, parameters) of the weights a step multiplies by: every linear layer, output layer included."""
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    linears = (torch.nn.Linear, RowLinear)
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, linears)}
     head = model.get_output_embeddings()
     if head is not None:  # read once per step whatever module holds it (tied weights count once)
         weights[id(head.weight)] = head.weight
@@ -83,6 +85,7 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
         "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."),
         "device": str(target.device),
+        "row_kernel": target.row_kernel,
         "packed_output_layer": target.packed,
         "weight_bytes": weight_bytes,
         "bandwidth_gbs": round(bandwidth, 2),

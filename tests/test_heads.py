@@ -15,7 +15,6 @@ from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 from transformers import AutoModelForCausalLM
 
 from decoding.errors import SpecLensError
-from decoding.forward import new_cache
 from decoding.heads import (
     EagleHead,
     FeatureTap,
@@ -127,7 +126,7 @@ def test_drafts_equal_a_fresh_recomputation(tiny_target):
         x = torch.tensor([seq])
         rows: dict = {}
         with tap.recording(rows):
-            tiny_target(input_ids=x[:, :-1], cache=new_cache(tiny_target))
+            tiny_target(input_ids=x[:, :-1])  # the model's own forward, from scratch
         feats = tap.take(rows)
         cache = HeadCache()
         out = head.step(embed(x[0, 1:]), head.fc(feats), cache)[-1:]

@@ -1,0 +1,144 @@
+"""The linear layers of the default CPU mode: SpecLens's own kernel for a few rows at a time.
+
+A small model's step on a CPU is bound by streaming its weights, and checking
+k+1 tokens reads the same weights as checking one. Through MKL (`F.linear`)
+SmolLM2-135M's linear layers take about twice as long for 5 rows as for 1;
+`kernels/rowlinear.cpp` reads each block of weight rows once for all the
+rows, so 1 to 5 rows cost about the same (`python -m decoding probe`).
+
+Its sums do not depend on the batch: a token's outputs are the same bits
+whether it is checked alone or with k others, so plain decoding and
+verification agree exactly. Every loop (plain, speculative, Hugging Face's
+`generate` in the benchmark) runs the same modules, so speedups stay honest.
+
+The kernel is compiled once per machine with the system's C++ compiler
+(about a second) into the cache folder. Without a compiler, or without AVX2
+and FMA, the model keeps its linear layers and only the output layer is
+packed for oneDNN (`packed.py`). SPECLENS_KERNEL=0 turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "kernels" / "rowlinear.cpp"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(compiler: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside its final name and renamed, so concurrent first runs never load half a file.
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        part = Path(tmp) / out.name
+        subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", str(part)], check=True, capture_output=True, timeout=120
+        )
+        os.replace(part, out)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, built on first use; None where it cannot be (no compiler, no AVX2/FMA, not x86)."""
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if os.environ.get("SPECLENS_KERNEL", "1") == "0" or compiler is None or platform.machine() != "x86_64":
+        return None
+    from .models import cache_dir  # models imports this module
+
+    # -march=native: a binary for this CPU, so the CPU's flags are part of its name.
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode())
+    path = cache_dir() / "kernels" / f"rowlinear-{key.hexdigest()[:16]}.so"
+    try:
+        if not path.exists():
+            _build(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lib.rowlinear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
+    lib.rowlinear.restype = None
+    return lib
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` through the kernel: float32 CPU tensors, weight and bias contiguous."""
+    # Lean on purpose: a step makes over 200 of these calls, each a few microseconds of work.
+    if not x.is_contiguous():
+        x = x.contiguous()
+    out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    _kernel()(
+        x.data_ptr(),
+        weight.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        x.numel() // x.shape[-1],
+        x.shape[-1],
+        weight.shape[0],
+    )
+    return out
+
+
+@functools.cache
+def _kernel():
+    return library().rowlinear
+
+
+class RowLinear(torch.nn.Module):
+    """A linear layer computed by the kernel; it keeps the original's weight and bias (tied weights stay tied)."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return row_linear(x, self.weight, self.bias)
+
+
+def _fits(linear: torch.nn.Linear, width: int) -> bool:
+    w = linear.weight
+    return (
+        w.device.type == "cpu"
+        and w.dtype == torch.float32
+        and w.is_contiguous()
+        and linear.in_features % width == 0
+        and (linear.bias is None or linear.bias.is_contiguous())
+    )
+
+
+def use_row_kernel(model: torch.nn.Module) -> bool:
+    """Swap every linear layer of a float32 CPU model the kernel can run for a `RowLinear`.
+
+    False (nothing changed) where the kernel is unavailable or does not apply.
+    """
+    lib = library()
+    if lib is None:
+        return False
+    width = lib.rowlinear_width()
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is torch.nn.Linear and _fits(child, width)
+    ]
+    for parent, name, child in swaps:
+        setattr(parent, name, RowLinear(child))
+    return bool(swaps)

@@ -1,0 +1,147 @@
+"""The default CPU mode: SpecLens's linear kernel and its lean Llama pass, each exactly what it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import PROMPTS, tiny_llama
+from transformers import DynamicCache
+
+from decoding import llama, rowlinear
+from decoding.drafts import LayerDraft, NGramDraft
+from decoding.forward import crop, forward, new_cache
+from decoding.policies import make_policy
+from decoding.rowlinear import RowLinear, row_linear, use_row_kernel
+from decoding.speculative import autoregressive_generate, speculative_generate
+from decoding.tree import additive
+
+needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 9, 13, 17])
+@pytest.mark.parametrize(("inputs", "outputs"), [(32, 5), (576, 192), (64, 37)])
+def test_the_kernel_computes_a_linear_layer(rows, inputs, outputs):
+    torch.manual_seed(rows)
+    x, w, b = torch.randn(2, rows, inputs), torch.randn(outputs, inputs), torch.randn(outputs)
+    torch.testing.assert_close(row_linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(row_linear(x, w, b), F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    strided = x.transpose(0, 1)  # not contiguous: copied first
+    torch.testing.assert_close(row_linear(strided, w), F.linear(strided, w), atol=1e-4, rtol=1e-4)
+
+
+@needs_kernel
+def test_a_rows_result_does_not_depend_on_its_batch_or_on_the_other_weight_rows():
+    """Bit for bit: one token alone or among 16, and a slice of a fused weight, give the same sums."""
+    torch.manual_seed(0)
+    x, w = torch.randn(17, 576), torch.randn(1536, 576)
+    full = row_linear(x, w)
+    for rows in (1, 2, 5, 9):
+        assert torch.equal(row_linear(x[:rows], w), full[:rows])
+        assert torch.equal(row_linear(x[rows : rows + 1], w), full[rows : rows + 1])
+    assert torch.equal(row_linear(x, w[576:1152]), full[:, 576:1152])
+    assert torch.equal(row_linear(x, w[3:8]), full[:, 3:8])  # a block of 4 rows, then a lone one
+
+
+@needs_kernel
+def test_only_float32_linears_the_kernel_can_run_are_swapped():
+    model = tiny_llama(seed=0)  # float64: nothing to swap
+    assert not use_row_kernel(model)
+    model = model.to(torch.float32)
+    assert use_row_kernel(model)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear | RowLinear)]
+    assert linears and all(isinstance(m, RowLinear) for m in linears)
+    assert model.lm_head.weight is model.get_output_embeddings().weight
+
+
+def test_without_the_kernel_models_keep_their_linear_layers(monkeypatch):
+    monkeypatch.setenv("SPECLENS_KERNEL", "0")
+    rowlinear.library.cache_clear()
+    try:
+        assert rowlinear.library() is None
+        assert not use_row_kernel(tiny_llama(seed=0).to(torch.float32))
+    finally:
+        monkeypatch.undo()
+        rowlinear.library.cache_clear()
+
+
+def _hf_logits(model, ids, cache, **kwargs):
+    with torch.inference_mode():
+        return model(input_ids=ids, cache=cache, use_cache=True, **kwargs).logits[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_lean_pass_computes_what_the_models_own_forward_does(dtype):
+    """Prompt, one token, five tokens after a cached past, a cache grown past its first block: same bits."""
+    model = tiny_llama(seed=0).to(dtype)
+    if dtype == torch.float32:
+        use_row_kernel(model)
+    theirs, ours = DynamicCache(config=model.config), new_cache(model)
+    assert isinstance(ours, llama.StepCache)
+    torch.manual_seed(0)
+    for n in (300, 1, 5, 2, 1):
+        ids = torch.randint(0, 64, (1, n))
+        assert torch.equal(forward(model, ids, ours), _hf_logits(model, ids, theirs))
+    assert ours.get_seq_length() == theirs.get_seq_length() == 309
+    crop(ours, 250)
+    crop(theirs, 250)
+    ids = torch.tensor([[7, 8, 9]])
+    assert torch.equal(forward(model, ids, ours, keep=2), _hf_logits(model, ids, theirs)[-2:])
+
+
+def test_the_lean_pass_takes_a_trees_positions_and_mask():
+    model = tiny_llama(seed=3)
+    theirs, ours = DynamicCache(config=model.config), new_cache(model)
+    prompt = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    forward(model, prompt, ours)
+    _hf_logits(model, prompt, theirs)
+    # A root and two children at depth 1, one grandchild under the first.
+    ids = torch.tensor([[10, 11, 12, 13]])
+    positions = torch.tensor([[6, 7, 7, 8]])
+    allowed = torch.ones(4, 10, dtype=torch.bool)
+    allowed[:, 6:] = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    mask = additive(allowed, model.dtype)[None, None]
+    got = forward(model, ids, ours, position_ids=positions, mask=mask)
+    want = _hf_logits(model, ids, theirs, position_ids=positions, attention_mask=mask)
+    assert torch.equal(got, want)
+
+
+def test_layer_hooks_see_each_layers_input_in_the_lean_pass():
+    model = tiny_llama(seed=0)
+    seen: dict[int, list[torch.Tensor]] = {}
+    for i in (0, 2):
+        model.model.layers[i].register_forward_pre_hook(
+            lambda module, args, kwargs, i=i: seen.setdefault(i, []).append(args[0][0]), with_kwargs=True
+        )
+    forward(model, torch.tensor([[1, 2, 3]]), new_cache(model))
+    assert [t.shape for t in seen[0]] == [torch.Size([3, 32])] and len(seen[2]) == 1
+    torch.testing.assert_close(seen[0][0], model.model.embed_tokens(torch.tensor([1, 2, 3])))
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_stays_lossless_on_the_kernel_path(seed):
+    target = tiny_llama(seed=seed, init=0.3).to(torch.float32)
+    assert use_row_kernel(target)
+    prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9, 3]])
+    plain = autoregressive_generate(target, prompt, max_new_tokens=48).token_ids
+    for draft in (NGramDraft(), LayerDraft(target, 2, 64)):
+        for k in range(1, 9):
+            trace = speculative_generate(target, prompt, draft, make_policy("fixed", k), max_new_tokens=48)
+            assert trace.output.token_ids == plain, (draft.name, k)
+
+
+@pytest.mark.slow
+def test_the_default_cpu_mode_is_the_kernel_and_the_lean_pass(smol):
+    assert smol.row_kernel == (rowlinear.library() is not None)
+    if smol.row_kernel:
+        assert isinstance(smol.model.model.layers[0].mlp.down_proj, RowLinear)
+        assert isinstance(smol.model.get_output_embeddings(), RowLinear)
+    assert isinstance(new_cache(smol.model), llama.StepCache)
+    # Same bits as the model's own forward over a real prompt and a five-token check.
+    ids = smol.tokenizer(PROMPTS.read_text().splitlines()[0][:400], return_tensors="pt").input_ids
+    theirs, ours = DynamicCache(config=smol.model.config), new_cache(smol.model)
+    assert torch.equal(forward(smol.model, ids, ours, keep=1), _hf_logits(smol.model, ids, theirs)[-1:])
+    step = torch.tensor([[1, 2, 3, 4, 5]])
+    assert torch.equal(forward(smol.model, step, ours), _hf_logits(smol.model, step, theirs))
