@@ -297,6 +297,7 @@ def write_results(
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "compiled": cfg.run.compile,
+        "row_kernel": target.row_kernel,
         "packed_output_layer": target.packed,
         "versions": library_versions(),
         "plain_ms_per_token": float(df["tps_plain"].rdiv(1000).mean()),
@@ -308,7 +309,7 @@ def write_results(
     (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
     settings = (
         f"target `{cfg.run.target}` ({meta['dtype']}{', compiled' if cfg.run.compile else ''}"
-        f"{', packed output layer' if target.packed else ''}), draft `{cfg.run.draft}`, "
+        f"{_linears(target)}), draft `{cfg.run.draft}`, "
         f"k={cfg.run.k} ({cfg.run.policy}){_tree(cfg.run)}, temperature {cfg.run.sampling.temperature}, {cfg.run.max_new_tokens} new tokens, "
         f"{meta['machine']}, {meta['date'][:10]}"
     )
@@ -322,6 +323,12 @@ def write_results(
         notes += " Hugging Face has no head drafting and no token trees: its column is empty."
     text = f"{settings}\n\n`{meta['command']}`\n\n{markdown(table)}\n\n{notes}\n"
     (cfg.out / "summary.md").write_text(text)
+
+
+def _linears(target: LoadedModel) -> str:
+    if target.row_kernel:
+        return ", SpecLens's linear kernel"
+    return ", packed output layer" if target.packed else ""
 
 
 def _tree(run: RunConfig) -> str:

@@ -20,6 +20,8 @@ from transformers import LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from .rowlinear import RowLinear
+
 
 def fits(model: torch.nn.Module) -> bool:
     """True for a Llama on the CPU that attends through SDPA: the models this pass reproduces."""
@@ -28,6 +30,38 @@ def fits(model: torch.nn.Module) -> bool:
         and model.config._attn_implementation == "sdpa"
         and model.get_output_embeddings().weight.device.type == "cpu"
     )
+
+
+def fuse_projections(model: torch.nn.Module) -> None:
+    """Give each layer one product for q, k and v and one for gate and up (`qkv_proj`, `gate_up_proj`).
+
+    Only for linear layers run by SpecLens's kernel: its sums do not depend on
+    which weight rows a call covers, so the fused products give the very bits
+    the separate ones do. The separate modules stay, their weights now views
+    into the fused ones (no memory added), for the model's own forward.
+    """
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.qkv_proj = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        attn.qkv_sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+        mlp.gate_up_proj = _fused(mlp.gate_proj, mlp.up_proj)
+
+
+def _fused(*parts: RowLinear) -> RowLinear:
+    fused = torch.nn.Linear(
+        parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None
+    )
+    fused.weight = torch.nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = torch.nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    start = 0
+    for p in parts:  # each part's rows, now a view of the fused weight
+        end = start + p.out_features
+        p.weight = torch.nn.Parameter(fused.weight[start:end], requires_grad=False)
+        if fused.bias is not None:
+            p.bias = torch.nn.Parameter(fused.bias[start:end], requires_grad=False)
+        start = end
+    return RowLinear(fused)
 
 
 class _LayerCache:
@@ -94,16 +128,33 @@ def _run_pre_hooks(layer: torch.nn.Module, hidden: torch.Tensor) -> None:
             hook(layer, (hidden,))
 
 
+def _norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    # One fused op instead of the module's six; the same bits in float32, the
+    # dtype the module computes in (other dtypes take the module).
+    if hidden.dtype != torch.float32:
+        return norm(hidden)
+    return torch.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
 def _attention(layer: torch.nn.Module, x, position, cache: _LayerCache, start: int, mask) -> torch.Tensor:
     attn = layer.self_attn
     shape = (*x.shape[:-1], -1, attn.head_dim)
-    q = attn.q_proj(x).view(shape).transpose(1, 2)
-    k = attn.k_proj(x).view(shape).transpose(1, 2)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    if hasattr(attn, "qkv_proj"):
+        q, k, v = attn.qkv_proj(x).split(attn.qkv_sizes, dim=-1)
+    else:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
     q, k = apply_rotary_pos_emb(q, k, *position)
     k, v = cache.write(k, v, start)
     out, _ = sdpa_attention_forward(attn, q, k, v, mask, scaling=attn.scaling)
     return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
+
+
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if not hasattr(mlp, "gate_up_proj"):
+        return mlp(x)
+    gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+    return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def _causal_mask(n: int, past: int, device: torch.device) -> torch.Tensor | None:
@@ -134,7 +185,9 @@ def forward(
     for layer, layer_cache in zip(inner.layers, cache.layers, strict=True):
         if layer._forward_pre_hooks:
             _run_pre_hooks(layer, hidden)
-        hidden = hidden + _attention(layer, layer.input_layernorm(hidden), position, layer_cache, past, mask)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    hidden = inner.norm(hidden[:, -keep:] if keep else hidden)
+        hidden = hidden + _attention(
+            layer, _norm(layer.input_layernorm, hidden), position, layer_cache, past, mask
+        )
+        hidden = hidden + _mlp(layer.mlp, _norm(layer.post_attention_layernorm, hidden))
+    hidden = _norm(inner.norm, hidden[:, -keep:] if keep else hidden)
     return model.lm_head(hidden)[0]

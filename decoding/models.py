@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from . import llama
 from .errors import (
     HubUnreachableError,
     ModelNotFoundError,
@@ -234,6 +235,8 @@ def load_model(
 def _use_fast_linears(loaded: LoadedModel) -> None:
     """SpecLens's kernel where it builds, else oneDNN's packed output layer (float32 CPU models only)."""
     loaded.row_kernel = use_row_kernel(loaded.model)
+    if loaded.row_kernel and llama.fits(loaded.model):
+        llama.fuse_projections(loaded.model)
     if not loaded.row_kernel:
         loaded.packed = pack_output_layer(loaded.model)
         if loaded.packed:  # oneDNN's copy of the output layer

@@ -51,12 +51,15 @@ def peak_gflops(n: int = 2048, reps: int = 4) -> float:
 def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
     """(bytes, parameters) of the weights a step multiplies by: every linear layer, output layer included."""
     linears = (torch.nn.Linear, RowLinear)
-    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, linears)}
+    weights = [m.weight for m in model.modules() if isinstance(m, linears)]
     head = model.get_output_embeddings()
-    if head is not None:  # read once per step whatever module holds it (tied weights count once)
-        weights[id(head.weight)] = head.weight
-    params = sum(w.numel() for w in weights.values())
-    return sum(w.numel() * w.element_size() for w in weights.values()), params
+    if head is not None:  # read once per step whatever module holds it
+        weights.append(head.weight)
+    # Tied weights, and the views a fused product leaves its parts, share storage: count it once.
+    storages = {
+        w.untyped_storage().data_ptr(): (w.untyped_storage().nbytes(), w.element_size()) for w in weights
+    }
+    return sum(b for b, _ in storages.values()), sum(b // size for b, size in storages.values())
 
 
 def step_ms(model: torch.nn.Module, n: int, reps: int = 7) -> float:

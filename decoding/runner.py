@@ -264,6 +264,7 @@ def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:
         device=str(target.device),
         dtype=str(target.dtype).removeprefix("torch."),
         compiled=target.compiled,
+        row_kernel=target.row_kernel,
         packed_output_layer=target.packed,
         policy=replace(policy),
         sampling=c.sampling,

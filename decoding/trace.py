@@ -235,6 +235,7 @@ class RunMeta:
     device: str = ""
     dtype: str = ""
     compiled: bool = False
+    row_kernel: bool = False  # linear layers through SpecLens's kernel (decoding/rowlinear.py)
     packed_output_layer: bool = False
     policy: Policy = field(default_factory=lambda: Policy("fixed", 0))  # as it was at the start
     sampling: Sampling = field(default_factory=Sampling)
@@ -544,7 +545,7 @@ def _meta_problem(meta: dict[str, Any]) -> str | None:
     ):
         if meta.get(key) is not None and not isinstance(meta[key], str):
             return f"meta.{key} must be text"
-    for key in ("compiled", "packed_output_layer", "chat_template"):
+    for key in ("compiled", "row_kernel", "packed_output_layer", "chat_template"):
         if not isinstance(meta.get(key, False), bool):
             return f"meta.{key} must be true or false"
     for key in ("prompt_tokens", "max_new_tokens", "tree_nodes", "branch"):

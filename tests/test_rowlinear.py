@@ -75,8 +75,9 @@ def _hf_logits(model, ids, cache, **kwargs):
 def test_the_lean_pass_computes_what_the_models_own_forward_does(dtype):
     """Prompt, one token, five tokens after a cached past, a cache grown past its first block: same bits."""
     model = tiny_llama(seed=0).to(dtype)
-    if dtype == torch.float32:
-        use_row_kernel(model)
+    if dtype == torch.float32 and use_row_kernel(model):
+        llama.fuse_projections(model)  # as the default mode loads it
+        assert model.model.layers[0].self_attn.qkv_proj.weight.shape == (32 + 2 * 16, 32)
     theirs, ours = DynamicCache(config=model.config), new_cache(model)
     assert isinstance(ours, llama.StepCache)
     torch.manual_seed(0)
@@ -124,6 +125,7 @@ def test_layer_hooks_see_each_layers_input_in_the_lean_pass():
 def test_greedy_stays_lossless_on_the_kernel_path(seed):
     target = tiny_llama(seed=seed, init=0.3).to(torch.float32)
     assert use_row_kernel(target)
+    llama.fuse_projections(target)
     prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9, 3]])
     plain = autoregressive_generate(target, prompt, max_new_tokens=48).token_ids
     for draft in (NGramDraft(), LayerDraft(target, 2, 64)):
