@@ -33,12 +33,17 @@ def _best_ms(fn, reps: int) -> float:
     return min(times) * 1e3
 
 
-def memory_bandwidth_gbs(mb: int = 256, reps: int = 8) -> float:
-    """A matrix-vector product over `mb` MB of float32: it reads each byte once and does little else."""
+def _ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def streaming_product(mb: int = 256):
+    """A matrix-vector product over `mb` MB of float32 (it reads each byte once and does little else), and its bytes."""
     n = int((mb * 2**20 / 4) ** 0.5)
     a, x = np.ones((n, n), dtype=np.float32), np.ones(n, dtype=np.float32)
-    ms = _best_ms(lambda: a @ x, reps)
-    return a.nbytes / ms / 1e6
+    return (lambda: a @ x), a.nbytes
 
 
 def peak_gflops(n: int = 2048, reps: int = 4) -> float:
@@ -62,28 +67,38 @@ def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
     return sum(b for b, _ in storages.values()), sum(b // size for b, size in storages.values())
 
 
-def step_ms(model: torch.nn.Module, n: int, reps: int = 7) -> float:
-    """Median time of one forward pass over n new tokens after CONTEXT cached ones."""
+def steps_and_bandwidth(model: torch.nn.Module, rows: tuple[int, ...], reps: int = 9) -> tuple[dict, float]:
+    """Median ms of one forward pass over n new tokens after CONTEXT cached ones, for each n, and the
+    bandwidth (GB/s) of the streaming product, all timed interleaved: a shared machine's slow
+    minutes fall on every figure alike."""
     device = model.get_output_embeddings().weight.device
     cache = new_cache(model)
     forward(model, torch.arange(CONTEXT, device=device).view(1, -1) % 1000 + 10, cache, keep=1)
-    ids = torch.arange(n, device=device).view(1, -1) + 20
-    times = []
-    for _ in range(reps + 1):
-        start = time.perf_counter()
-        forward(model, ids, cache)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        crop(cache, CONTEXT)
-    return statistics.median(times[1:]) * 1e3
+    stream, nbytes = streaming_product()
+    steps: dict[int, list[float]] = {n: [] for n in rows}
+    streams = []
+    for _ in range(reps + 1):  # the first pass of each allocates
+        streams.append(_ms(stream))
+        for n in rows:
+            ids = torch.arange(n, device=device).view(1, -1) + 20
+            steps[n].append(_ms(lambda ids=ids: _step(model, ids, cache)))
+            crop(cache, CONTEXT)
+    return {n: statistics.median(t[1:]) for n, t in steps.items()}, nbytes / statistics.median(
+        streams[1:]
+    ) / 1e6
+
+
+def _step(model: torch.nn.Module, ids: torch.Tensor, cache) -> None:
+    forward(model, ids, cache)
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
     """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them."""
     weight_bytes, params = matmul_weights(target.model)
-    bandwidth, peak = memory_bandwidth_gbs(), peak_gflops()
-    steps = {n: step_ms(target.model, n) for n in rows}
+    peak = peak_gflops()
+    steps, bandwidth = steps_and_bandwidth(target.model, rows)
     result: dict = {
         "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."),

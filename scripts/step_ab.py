@@ -2,7 +2,8 @@
 
 - `eager`: the model's own forward, `F.linear` everywhere (MKL), Hugging Face's cache;
 - `packed`: the same with the output layer packed for oneDNN (the default until the kernel);
-- `kernel`: the default now: SpecLens's linear kernel and its lean pass over an in-place cache.
+- `kernel`: the default now: SpecLens's linear kernel, fused products and its lean pass over an
+  in-place cache.
 
 Interleaved per row count (eager, packed, kernel, eager, ...) so that the
 noise of a shared machine falls on all alike; medians of 12 passes after 100
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from decoding.bench import machine
 from decoding.forward import crop, forward, new_cache
+from decoding.llama import fuse_projections
 from decoding.models import resolve_source
 from decoding.packed import pack_output_layer
 from decoding.probe import CONTEXT, ROWS
@@ -34,6 +36,7 @@ def main() -> None:
         name: AutoModelForCausalLM.from_pretrained(source).eval() for name in ("eager", "packed", "kernel")
     }
     assert pack_output_layer(models["packed"]) and use_row_kernel(models["kernel"])
+    fuse_projections(models["kernel"])  # as `load_model` does
     caches = {name: DynamicCache(config=m.config) for name, m in models.items()}
     caches["kernel"] = new_cache(models["kernel"])  # the lean pass's cache
     for name, m in models.items():
