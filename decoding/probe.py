@@ -40,10 +40,14 @@ def _ms(fn) -> float:
 
 
 def streaming_product(mb: int = 256):
-    """A matrix-vector product over `mb` MB of float32 (it reads each byte once and does little else), and its bytes."""
+    """A matrix-vector product over `mb` MB of float32 (it reads each byte once and does little else), and its bytes.
+
+    torch's, on the decoder's own threads: numpy's BLAS keeps threads of its
+    own spinning after each call, which slowed the step timed next by ×2-3.
+    """
     n = int((mb * 2**20 / 4) ** 0.5)
-    a, x = np.ones((n, n), dtype=np.float32), np.ones(n, dtype=np.float32)
-    return (lambda: a @ x), a.nbytes
+    a, x = torch.ones(n, n), torch.ones(n)
+    return (lambda: torch.mv(a, x)), a.numel() * a.element_size()
 
 
 def peak_gflops(n: int = 2048, reps: int = 4) -> float:
