@@ -86,7 +86,7 @@ def library() -> ctypes.CDLL | None:
 
 def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` through the kernel: float32 CPU tensors, weight and bias contiguous."""
-    # Lean on purpose: a step makes over 200 of these calls, each a few microseconds of work.
+    # Lean on purpose: a step makes over a hundred of these calls, each a few microseconds of work.
     if not x.is_contiguous():
         x = x.contiguous()
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -37,7 +37,11 @@ def test_only_float32_cpu_models_are_packed(monkeypatch):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_greedy_stays_lossless_on_the_packed_path(seed):
-    target = tiny_packed(seed)
+    assert_chain_drafts_lossless(tiny_packed(seed))
+
+
+def assert_chain_drafts_lossless(target) -> None:
+    """Greedy with n-gram and layer drafts, k = 1..8: every output is plain decoding's."""
     prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9, 3]])
     plain = autoregressive_generate(target, prompt, max_new_tokens=48).token_ids
     for draft in (NGramDraft(), LayerDraft(target, 2, 64)):

@@ -6,14 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import PROMPTS, tiny_llama
+from test_packed import assert_chain_drafts_lossless
 from transformers import DynamicCache
 
 from decoding import llama, rowlinear
-from decoding.drafts import LayerDraft, NGramDraft
 from decoding.forward import crop, forward, new_cache
-from decoding.policies import make_policy
 from decoding.rowlinear import RowLinear, row_linear, use_row_kernel
-from decoding.speculative import autoregressive_generate, speculative_generate
 from decoding.tree import additive
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
@@ -138,12 +136,7 @@ def test_greedy_stays_lossless_on_the_kernel_path(seed):
     target = tiny_llama(seed=seed, init=0.3).to(torch.float32)
     assert use_row_kernel(target)
     llama.fuse_projections(target)
-    prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9, 3]])
-    plain = autoregressive_generate(target, prompt, max_new_tokens=48).token_ids
-    for draft in (NGramDraft(), LayerDraft(target, 2, 64)):
-        for k in range(1, 9):
-            trace = speculative_generate(target, prompt, draft, make_policy("fixed", k), max_new_tokens=48)
-            assert trace.output.token_ids == plain, (draft.name, k)
+    assert_chain_drafts_lossless(target)
 
 
 @pytest.mark.slow
