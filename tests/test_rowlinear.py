@@ -43,18 +43,6 @@ def test_a_rows_result_does_not_depend_on_its_batch_or_on_the_other_weight_rows(
 
 
 @needs_kernel
-def test_a_prompt_longer_than_a_check_goes_to_mkl():
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(576, 192, bias=False)
-    module = RowLinear(linear)
-    for rows in (rowlinear.MAX_ROWS, rowlinear.MAX_ROWS + 1):
-        x = torch.randn(1, rows, 576)
-        kernel, mkl = row_linear(x, linear.weight), F.linear(x, linear.weight)
-        assert torch.equal(module(x), kernel if rows <= rowlinear.MAX_ROWS else mkl)
-        torch.testing.assert_close(kernel, mkl, atol=1e-4, rtol=1e-4)
-
-
-@needs_kernel
 def test_only_float32_linears_the_kernel_can_run_are_swapped():
     model = tiny_llama(seed=0)  # float64: nothing to swap
     assert not use_row_kernel(model)
