@@ -97,7 +97,19 @@ def _add_tool_commands(sub) -> None:
     t.add_argument("--epochs", type=int, default=5)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument(
-        "--prompt-weight", type=float, default=0.2, help="loss weight of prompt positions (answers: 1)"
+        "--prompt-share",
+        type=float,
+        default=0.2,
+        help="share of prompt positions trained on, drawn each epoch (every answer position is)",
+    )
+    t.add_argument(
+        "--holdout",
+        type=float,
+        default=0.1,
+        help="share of the training prompts held out to measure each epoch and keep the best (0: none)",
+    )
+    t.add_argument(
+        "--tune-lm-head", action="store_true", help="train the output layer too (default: the target's rows)"
     )
     t.add_argument("--limit", type=int, default=0, help="use only the first N prompts (0: all)")
     t.add_argument("--seed", type=int, default=0)
@@ -264,7 +276,9 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         steps=args.steps,
         epochs=args.epochs,
         lr=args.lr,
-        prompt_weight=args.prompt_weight,
+        prompt_share=args.prompt_share,
+        holdout=args.holdout,
+        tune_lm_head=args.tune_lm_head,
         seed=args.seed,
         limit=args.limit,
     )
@@ -272,6 +286,8 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         raise SpecLensError(
             "--answer-tokens, --batch-size, --draft-vocab, --steps and --epochs must be at least 1"
         )
+    if not (0 <= cfg.prompt_share <= 1 and 0 <= cfg.holdout < 1):
+        raise SpecLensError("--prompt-share must be within 0..1 and --holdout within 0..1 (below 1)")
     target = load_model(args.target, args.device, "float32")
     work = args.work or cache_dir() / "train-head" / Path(args.out).name
     card = train_head(target, args.prompts, args.out, work, cfg, command)

@@ -27,6 +27,7 @@ from decoding.policies import make_policy
 from decoding.sampling import Sampling
 from decoding.speculative import autoregressive_generate, iter_trace, speculative_generate
 from decoding.trace import check_invariants
+from decoding.train_head import heldout_split, ttt_unroll
 
 SHIPPED = ROOT / "assets" / "heads" / "smollm2-135m"
 
@@ -84,7 +85,8 @@ def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
     assert config["draft_vocab_size"] == 20
     card = config["speclens"]
     assert card["command"].startswith("python -m decoding train-head") and card["fingerprint"]
-    assert card["epoch"] == 4 and len(card["train_top1_by_step"]) == 3
+    assert 1 <= card["epoch"] <= 4 and len(card["train_top1_by_step"]) == 3
+    assert len(card["heldout_top1_by_step"]) == 3  # 2 of the 24 prompts were held out
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) >= {"fc.weight", "midlayer.self_attn.q_proj.weight", "d2t", "t2d"}
     answers = (work / "answers.jsonl").read_text()
@@ -110,6 +112,35 @@ def test_trained_head_is_lossless_for_every_k(trained_tiny):
             check_invariants(trace)
             accepted += trace.totals.accepted
     assert accepted > 0  # the trained head is right sometimes, so the accept path ran too
+
+
+def test_training_unrolls_the_head_as_it_drafts(tiny_target):
+    """The training-time test's outputs from an origin are the head's drafting from there."""
+    head = random_head(tiny_target, list(range(0, 64, 2)), std=0.2)
+    ids = torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14])
+    tap, rows = FeatureTap.on(tiny_target, head.c.aux_layers), {}
+    embed = tiny_target.get_input_embeddings().weight
+    origins = torch.tensor([0, 2, 5, 6])
+    with torch.no_grad():
+        with tap.recording(rows):
+            tiny_target(ids[None])
+        aux = tap.take(rows)
+        unrolled = ttt_unroll(head, embed, ids, aux, origins, 3)
+        for m, t in enumerate(origins.tolist()):
+            cache = HeadCache()  # the real rows up to t, then its own drafts
+            out = head.step(embed[ids[1 : t + 2]], head.fc(aux[: t + 1]), cache)[-1:]
+            for step in range(3):
+                if step:
+                    out = head.step(embed[ids[t + step + 1]][None], out, cache)
+                torch.testing.assert_close(unrolled[step][m], out[0])
+
+
+def test_heldout_prompts_are_never_trained_on():
+    data = [{"prompt": p, "variant": v} for v in range(3) for p in range(20)]
+    fit, held = heldout_split(data, 0.1, seed=0)
+    assert len({d["prompt"] for d in held}) == 2 and len(held) == 6  # every variant of 2 prompts
+    assert not {d["prompt"] for d in fit} & {d["prompt"] for d in held}
+    assert heldout_split(data, 0.0, seed=0) == (data, [])
 
 
 def test_drafts_equal_a_fresh_recomputation(tiny_target):
