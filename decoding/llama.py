@@ -16,6 +16,7 @@ own forward (`forward.forward` chooses).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -146,7 +147,14 @@ def _attention(layer: torch.nn.Module, x, position, cache: _LayerCache, start: i
     q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
     q, k = apply_rotary_pos_emb(q, k, *position)
     k, v = cache.write(k, v, start)
-    out, _ = sdpa_attention_forward(attn, q, k, v, mask, scaling=attn.scaling)
+    if mask is None:
+        out, _ = sdpa_attention_forward(attn, q, k, v, None, scaling=attn.scaling)
+    else:
+        # With a mask (a check of k tokens, a tree) Hugging Face's SDPA copies the keys
+        # and values once per query head; grouped-query SDPA reads them as they are and
+        # gives the same bits, several milliseconds a step sooner at a long context.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+        out = out.transpose(1, 2)
     return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
 
 
