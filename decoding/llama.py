@@ -151,8 +151,8 @@ def _attention(layer: torch.nn.Module, x, position, cache: _LayerCache, start: i
         out, _ = sdpa_attention_forward(attn, q, k, v, None, scaling=attn.scaling)
     else:
         # With a mask (a check of k tokens, a tree) Hugging Face's SDPA copies the keys
-        # and values once per query head; grouped-query SDPA reads them as they are and
-        # gives the same bits, several milliseconds a step sooner at a long context.
+        # and values once per query head, copies that grow with the context;
+        # grouped-query SDPA reads them as they are and gives the same bits.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
         out = out.transpose(1, 2)
     return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())

@@ -271,8 +271,8 @@ def agreement(head: EagleHead, embed: torch.Tensor, data: list[dict], label_rows
     head.eval()
     sums = [[0, 0] for _ in range(steps)]
     for d in data:
-        _, figures = ttt_loss(head, embed, d, label_rows, steps, 0.0)
-        for s, (agree, judged) in zip(sums, figures):
+        _, counts = ttt_loss(head, embed, d, label_rows, steps, 0.0)
+        for s, (agree, judged) in zip(sums, counts):
             s[0], s[1] = s[0] + agree, s[1] + judged
     return [round(a / max(b, 1), 4) for a, b in sums]
 
@@ -307,7 +307,7 @@ def train(head: EagleHead, target: LoadedModel, data: list[dict], cfg: TrainConf
         sums = [[0, 0] for _ in range(cfg.steps)]
         bar = tqdm(orders[epoch], desc=f"train {epoch + 1}/{cfg.epochs}", unit="seq")
         for i in bar:
-            loss, figures = ttt_loss(head, embed, fit[i], label_rows, cfg.steps, cfg.prompt_share, draw)
+            loss, counts = ttt_loss(head, embed, fit[i], label_rows, cfg.steps, cfg.prompt_share, draw)
             if loss is None:
                 continue
             opt.zero_grad()
@@ -315,7 +315,7 @@ def train(head: EagleHead, target: LoadedModel, data: list[dict], cfg: TrainConf
             torch.nn.utils.clip_grad_norm_(params, 0.5)
             opt.step()
             sched.step()
-            for s, (agree, judged) in zip(sums, figures):
+            for s, (agree, judged) in zip(sums, counts):
                 s[0], s[1] = s[0] + agree, s[1] + judged
             bar.set_postfix(loss=f"{loss.item():.2f}", top1=" ".join(f"{a / max(b, 1):.2f}" for a, b in sums))
         figures = {"epoch": epoch + 1, "train_top1_by_step": [round(a / max(b, 1), 4) for a, b in sums]}
