@@ -2,35 +2,76 @@
 
 On a CPU, a small model's step spends as long around its matrix products as
 in them: building masks and output objects, the decoder layers' keyword
-plumbing, and a KV cache that concatenates every layer's keys on every step.
-This pass runs the model's own modules and functions (its norms, rotary
-embedding, MLP and Hugging Face's SDPA attention) in a plain loop, over a
-cache written in place (`StepCache`), so it computes what the model's own
-forward computes, op for op, with less around it.
+plumbing, a KV cache that concatenates every layer's keys on every step, and
+some twenty small torch ops per layer. This pass runs over a cache written
+in place (`StepCache`), in one of two ways:
 
-It serves the default CPU mode of Llama-architecture models (SmolLM2, the
-tiny test models); other models, GPUs and compiled models take the model's
-own forward (`forward.forward` chooses).
+- the default CPU mode (float32, SpecLens's kernel built): each decoder layer
+  is one call of `kernels/layer.cpp`. `use_layer_kernel` swaps the model's
+  norms, SiLU and attention for the same C++ functions, so the model's own
+  forward (Hugging Face's `generate`, the tests' reference) computes the
+  same bits;
+- otherwise: the model's own modules and functions (its norms, rotary
+  embedding, MLP and SDPA attention) in a plain loop, op for op what its
+  forward computes.
+
+It serves Llama-architecture models (SmolLM2, the tiny test models); other
+models, GPUs and compiled models take the model's own forward
+(`forward.forward` chooses).
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM
+from transformers import AttentionInterface, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from .rowlinear import RowLinear
+from .rowlinear import RowLinear, library
+
+KERNEL_ATTENTION = "speclens"  # the attention implementation `use_layer_kernel` gives a model
 
 
 def fits(model: torch.nn.Module) -> bool:
-    """True for a Llama on the CPU that attends through SDPA: the models this pass reproduces."""
+    """True for a Llama on the CPU that attends through SDPA or the kernel: the models this pass reproduces."""
     return (
         isinstance(model, LlamaForCausalLM)
-        and model.config._attn_implementation == "sdpa"
+        and model.config._attn_implementation in ("sdpa", KERNEL_ATTENTION)
         and model.get_output_embeddings().weight.device.type == "cpu"
     )
+
+
+def use_layer_kernel(model: torch.nn.Module) -> bool:
+    """Run each decoder layer of a Llama whose linear layers are `RowLinear`s as one kernel call.
+
+    Fuses q/k/v and gate/up (`fuse_projections`), then swaps the model's norms,
+    SiLU and attention for the kernel's own (see the module's docstring).
+    False, with only the fusion done, where the layer kernel does not apply.
+    """
+    fuse_projections(model)
+    config = model.config
+    if config.hidden_act != "silu" or not all(_kernel_ready(layer) for layer in model.model.layers):
+        return False
+    AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
+    AttentionMaskInterface.register(KERNEL_ATTENTION, sdpa_mask)  # a boolean mask, or none where causal
+    config._attn_implementation = KERNEL_ATTENTION
+    model.model.norm = KernelRMSNorm(model.model.norm)
+    for layer in model.model.layers:
+        layer.input_layernorm = KernelRMSNorm(layer.input_layernorm)
+        layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm)
+        layer.mlp.act_fn = KernelSiLU()
+        layer.kernel_weights = _layer_weights(layer, config)
+    return True
+
+
+def _kernel_ready(layer: torch.nn.Module) -> bool:
+    attn, mlp = layer.self_attn, layer.mlp
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    return all(isinstance(m, RowLinear) for m in linears) and attn.head_dim % 2 == 0
 
 
 def fuse_projections(model: torch.nn.Module) -> None:
@@ -65,6 +106,117 @@ def _fused(*parts: RowLinear) -> RowLinear:
     return RowLinear(fused)
 
 
+_i64 = ctypes.c_int64
+
+
+class _Mask(ctypes.Structure):
+    # kind 0: each row sees the keys up to its own position; 1: a boolean mask; 2: an additive one.
+    _fields_ = [("kind", ctypes.c_int), ("data", ctypes.c_void_p), ("row_stride", _i64)]
+
+
+class _Attention(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("q",)),
+        ("q_row", _i64), ("q_head", _i64),
+        ("k", ctypes.c_void_p), ("k_head", _i64), ("k_stride", _i64),
+        ("v", ctypes.c_void_p), ("v_head", _i64), ("v_stride", _i64),
+        ("out", ctypes.c_void_p),
+        *((name, _i64) for name in ("n", "L", "heads", "kv_heads", "d")),
+        ("scale", ctypes.c_float), ("mask", _Mask),
+    ]  # fmt: skip
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in (
+            "input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "gate_up_bias", "down",
+            "down_bias")),
+        *((name, _i64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+    ]  # fmt: skip
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [
+        ("input", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", _i64), ("past", _i64),
+        ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+        ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("capacity", _i64), ("mask", _Mask),
+    ]  # fmt: skip
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _layer_weights(layer: torch.nn.Module, config) -> _Layer:
+    attn, mlp = layer.self_attn, layer.mlp
+    return _Layer(
+        _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), _ptr(attn.qkv_proj.bias),
+        _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias), _ptr(layer.post_attention_layernorm.weight),
+        _ptr(mlp.gate_up_proj.weight), _ptr(mlp.gate_up_proj.bias), _ptr(mlp.down_proj.weight),
+        _ptr(mlp.down_proj.bias), config.hidden_size, config.num_attention_heads,
+        config.num_key_value_heads, attn.head_dim, config.intermediate_size, layer.input_layernorm.eps,
+        attn.scaling,
+    )  # fmt: skip
+
+
+def _mask(mask: torch.Tensor | None) -> tuple[_Mask, torch.Tensor | None]:
+    """The kernel's view of a [1, 1, n, keys] mask (None: causal), and the tensor it points into."""
+    if mask is None:
+        return _Mask(0, None, 0), None
+    rows = mask[0, 0]
+    if rows.dtype == torch.bool:
+        rows = rows.contiguous()
+        return _Mask(1, rows.data_ptr(), rows.shape[-1]), rows
+    rows = rows.to(torch.float32).contiguous()
+    return _Mask(2, rows.data_ptr(), rows.shape[-1]), rows
+
+
+class KernelRMSNorm(torch.nn.Module):
+    """Llama's RMSNorm through the kernel's own function (float32), so the model's forward and the
+    layer kernel normalise alike."""
+
+    def __init__(self, norm: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight, self.eps = norm.weight, float(norm.variance_epsilon)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        width = x.shape[-1]
+        library().rmsnorm(
+            x.data_ptr(), self.weight.data_ptr(), y.data_ptr(), x.numel() // width, width, self.eps
+        )
+        return y
+
+
+class KernelSiLU(torch.nn.Module):
+    """SiLU through the kernel's own function: the layer kernel's MLP computes these bits."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        library().silu_rows(x.data_ptr(), y.data_ptr(), x.numel())
+        return y
+
+
+def kernel_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Hugging Face's attention interface over the kernel's attention: [1, n, heads, d] out."""
+    if query.dtype != torch.float32 or query.shape[0] != 1 or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    query, key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value))
+    _, heads, n, d = query.shape
+    out = query.new_empty(1, n, heads, d)
+    mask, _held = _mask(attention_mask)  # the mask's rows stay alive through the call
+    args = _Attention(
+        query.data_ptr(), query.stride(2), query.stride(1), key.data_ptr(), key.stride(1), key.stride(2),
+        value.data_ptr(), value.stride(1), value.stride(2), out.data_ptr(), n, key.shape[2], heads,
+        key.shape[1], d, module.scaling if scaling is None else scaling, mask,
+    )  # fmt: skip
+    library().attention(ctypes.byref(args))
+    return out, None
+
+
 class _LayerCache:
     """One layer's keys and values, [1, kv_heads, capacity, head_dim], valid up to `length`."""
 
@@ -81,11 +233,15 @@ class _LayerCache:
     def values(self) -> torch.Tensor:
         return self.v[:, :, : self.length]
 
+    def reserve(self, end: int, like: torch.Tensor) -> None:
+        """Room for `end` tokens; `like` has the keys' shape and dtype (any length)."""
+        if self.k is None or end > self.k.shape[2]:
+            self._grow(like, like, max(256, 2 * end))
+
     def write(self, k: torch.Tensor, v: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Store new keys and values at `start`; every valid key and value so far."""
         end = start + k.shape[2]
-        if self.k is None or end > self.k.shape[2]:
-            self._grow(k, v, max(256, 2 * end))
+        self.reserve(end, k)
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end
@@ -131,8 +287,8 @@ def _run_pre_hooks(layer: torch.nn.Module, hidden: torch.Tensor) -> None:
 
 def _norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     # One fused op instead of the module's six; the same bits in float32, the
-    # dtype the module computes in (other dtypes take the module).
-    if hidden.dtype != torch.float32:
+    # dtype the module computes in (other dtypes, and the kernel's norm, take the module).
+    if hidden.dtype != torch.float32 or isinstance(norm, KernelRMSNorm):
         return norm(hidden)
     return torch.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
@@ -187,9 +343,39 @@ def forward(
     hidden = inner.embed_tokens(ids)
     if position_ids is None:
         position_ids = torch.arange(past, past + n, device=ids.device)[None]
-    if mask is None:
-        mask = _causal_mask(n, past, ids.device)
     position = inner.rotary_emb(hidden, position_ids)
+    if hasattr(inner.layers[0], "kernel_weights"):
+        hidden = _kernel_layers(inner, hidden, position, cache, past, mask)
+    else:
+        hidden = _module_layers(inner, hidden, position, cache, past, mask)
+    hidden = _norm(inner.norm, hidden[:, -keep:] if keep else hidden)
+    return model.lm_head(hidden)[0]
+
+
+def _kernel_layers(inner, hidden, position, cache: StepCache, past: int, mask) -> torch.Tensor:
+    n = hidden.shape[1]
+    attn = inner.layers[0].self_attn
+    cos, sin = (t[0].contiguous() for t in position)
+    keys_like = hidden.new_empty(1, inner.config.num_key_value_heads, 0, attn.head_dim)
+    rows, _held = _mask(mask)
+    for layer, layer_cache in zip(inner.layers, cache.layers, strict=True):
+        if layer._forward_pre_hooks:
+            _run_pre_hooks(layer, hidden)
+        layer_cache.reserve(past + n, keys_like)
+        out = torch.empty_like(hidden)  # not in place: a hook may keep the layer's input
+        step = _Step(
+            hidden.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(),
+            layer_cache.k.data_ptr(), layer_cache.v.data_ptr(), layer_cache.k.shape[2], rows,
+        )  # fmt: skip
+        library().llama_layer(ctypes.byref(layer.kernel_weights), ctypes.byref(step))
+        layer_cache.length = past + n
+        hidden = out
+    return hidden
+
+
+def _module_layers(inner, hidden, position, cache: StepCache, past: int, mask) -> torch.Tensor:
+    if mask is None:
+        mask = _causal_mask(hidden.shape[1], past, hidden.device)
     for layer, layer_cache in zip(inner.layers, cache.layers, strict=True):
         if layer._forward_pre_hooks:
             _run_pre_hooks(layer, hidden)
@@ -197,5 +383,4 @@ def forward(
             layer, _norm(layer.input_layernorm, hidden), position, layer_cache, past, mask
         )
         hidden = hidden + _mlp(layer.mlp, _norm(layer.post_attention_layernorm, hidden))
-    hidden = _norm(inner.norm, hidden[:, -keep:] if keep else hidden)
-    return model.lm_head(hidden)[0]
+    return hidden

@@ -236,7 +236,7 @@ def _use_fast_linears(loaded: LoadedModel) -> None:
     """SpecLens's kernel where it builds, else oneDNN's packed output layer (float32 CPU models only)."""
     loaded.row_kernel = use_row_kernel(loaded.model)
     if loaded.row_kernel and llama.fits(loaded.model):
-        llama.fuse_projections(loaded.model)
+        llama.use_layer_kernel(loaded.model)
     if not loaded.row_kernel:
         loaded.packed = pack_output_layer(loaded.model)
         if loaded.packed:  # oneDNN's copy of the output layer

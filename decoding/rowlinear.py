@@ -31,8 +31,11 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "kernels" / "rowlinear.cpp"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+KERNELS = Path(__file__).parent / "kernels"
+SOURCES = (KERNELS / "rowlinear.cpp", KERNELS / "layer.cpp")  # layer.cpp: llama.py's decoder layer
+# -ffp-contract=off: no fused multiply-adds but the kernels' own, so the
+# elementwise parts round as torch's ops do.
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 
 
 def _cpu_flags() -> str:
@@ -51,7 +54,10 @@ def _build(compiler: str, out: Path) -> None:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
         subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", str(part)], check=True, capture_output=True, timeout=120
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", str(part)],
+            check=True,
+            capture_output=True,
+            timeout=120,
         )
         os.replace(part, out)
 
@@ -65,7 +71,8 @@ def library() -> ctypes.CDLL | None:
     from .models import cache_dir  # models imports this module
 
     # -march=native: a binary for this CPU, so the CPU's flags are part of its name.
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_flags().encode())
+    sources = b"".join(p.read_bytes() for p in (*SOURCES, KERNELS / "rows.h"))
+    key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_flags().encode())
     path = cache_dir() / "kernels" / f"rowlinear-{key.hexdigest()[:16]}.so"
     try:
         if not path.exists():
@@ -73,8 +80,16 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError):
         return None
-    lib.rowlinear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-    lib.rowlinear.restype = None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    for name, args in {
+        "rowlinear": [ptr] * 4 + [i64] * 3,
+        "rmsnorm": [ptr] * 3 + [i64] * 2 + [ctypes.c_float],
+        "silu_rows": [ptr, ptr, i64],
+        "attention": [ptr],
+        "llama_layer": [ptr, ptr],
+    }.items():
+        getattr(lib, name).argtypes = args
+        getattr(lib, name).restype = None
     return lib
 
 

@@ -2,10 +2,11 @@
 
 - `eager`: the model's own forward, `F.linear` everywhere (MKL), Hugging Face's cache;
 - `packed`: the same with the output layer packed for oneDNN (the default until the kernel);
-- `kernel`: the default now: SpecLens's linear kernel, fused products and its lean pass over an
-  in-place cache.
+- `kernel`: SpecLens's linear kernel, fused products and the lean pass's loop over the model's
+  own modules, over an in-place cache (the default until the layer kernel);
+- `layer`: the default now: each decoder layer one call of `kernels/layer.cpp`.
 
-Interleaved per row count (eager, packed, kernel, eager, ...) so that the
+Interleaved per row count (eager, packed, kernel, layer, eager, ...) so that the
 noise of a shared machine falls on all alike; medians of 12 passes after 100
 cached tokens. Run from the repository root: `.venv/bin/python -m scripts.step_ab`.
 """
@@ -21,7 +22,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 
 from decoding.bench import machine
 from decoding.forward import crop, forward, new_cache
-from decoding.llama import fuse_projections
+from decoding.llama import fuse_projections, use_layer_kernel
 from decoding.models import resolve_source
 from decoding.packed import pack_output_layer
 from decoding.probe import CONTEXT, ROWS
@@ -33,12 +34,16 @@ TARGET = "smollm2-135m"
 def main() -> None:
     source = resolve_source(TARGET)
     models = {
-        name: AutoModelForCausalLM.from_pretrained(source).eval() for name in ("eager", "packed", "kernel")
+        name: AutoModelForCausalLM.from_pretrained(source).eval()
+        for name in ("eager", "packed", "kernel", "layer")
     }
-    assert pack_output_layer(models["packed"]) and use_row_kernel(models["kernel"])
-    fuse_projections(models["kernel"])  # as `load_model` does
+    assert pack_output_layer(models["packed"])
+    assert use_row_kernel(models["kernel"]) and use_row_kernel(models["layer"])
+    fuse_projections(models["kernel"])
+    assert use_layer_kernel(models["layer"])  # as `load_model` does
     caches = {name: DynamicCache(config=m.config) for name, m in models.items()}
-    caches["kernel"] = new_cache(models["kernel"])  # the lean pass's cache
+    for name in ("kernel", "layer"):
+        caches[name] = new_cache(models[name])  # the lean pass's cache
     for name, m in models.items():
         forward(m, torch.arange(CONTEXT).view(1, -1) + 10, caches[name], keep=1)
     result: dict = {"machine": machine()}

@@ -17,7 +17,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def tiny_llama(seed: int, layers: int = 4, vocab: int = 64, init: float = 0.15) -> LlamaForCausalLM:
+def tiny_llama(
+    seed: int, layers: int = 4, vocab: int = 64, init: float = 0.15, hidden: int = 32
+) -> LlamaForCausalLM:
     """A random Llama small enough to decode thousands of tokens a second.
 
     float64 keeps near-ties in the logits from flipping between a one-token
@@ -26,8 +28,8 @@ def tiny_llama(seed: int, layers: int = 4, vocab: int = 64, init: float = 0.15) 
     """
     config = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,

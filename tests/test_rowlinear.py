@@ -74,7 +74,7 @@ def test_the_lean_pass_computes_what_the_models_own_forward_does(dtype):
     """Prompt, one token, five tokens after a cached past, a cache grown past its first block: same bits."""
     model = tiny_llama(seed=0).to(dtype)
     if dtype == torch.float32 and use_row_kernel(model):
-        llama.fuse_projections(model)  # as the default mode loads it
+        llama.use_layer_kernel(model)  # as the default mode loads it
         assert model.model.layers[0].self_attn.qkv_proj.weight.shape == (32 + 2 * 16, 32)
     theirs, ours = DynamicCache(config=model.config), new_cache(model)
     assert isinstance(ours, llama.StepCache)
@@ -89,8 +89,24 @@ def test_the_lean_pass_computes_what_the_models_own_forward_does(dtype):
     assert torch.equal(forward(model, ids, ours, keep=2), _hf_logits(model, ids, theirs)[-2:])
 
 
-def test_the_lean_pass_takes_a_trees_positions_and_mask():
-    model = tiny_llama(seed=3)
+def _kernel_llama(seed: int, hidden: int = 32) -> torch.nn.Module:
+    """A float32 tiny Llama in the default CPU mode: the linear kernel and the layer kernel."""
+    model = tiny_llama(seed=seed, hidden=hidden).to(torch.float32)
+    assert use_row_kernel(model) and llama.use_layer_kernel(model)
+    return model
+
+
+def _tiny_models() -> list:
+    # The layer kernel twice: heads of 8 (its scalar dot product) and of 32 (its vector one).
+    kernel = [
+        pytest.param(lambda h=h: _kernel_llama(3, h), marks=needs_kernel, id=f"kernel{h}") for h in (32, 128)
+    ]
+    return [pytest.param(lambda: tiny_llama(seed=3), id="modules"), *kernel]
+
+
+@pytest.mark.parametrize("make", _tiny_models())
+def test_the_lean_pass_takes_a_trees_positions_and_mask(make):
+    model = make()
     theirs, ours = DynamicCache(config=model.config), new_cache(model)
     prompt = torch.tensor([[1, 2, 3, 4, 5, 6]])
     forward(model, prompt, ours)
@@ -106,16 +122,53 @@ def test_the_lean_pass_takes_a_trees_positions_and_mask():
     assert torch.equal(got, want)
 
 
-def test_layer_hooks_see_each_layers_input_in_the_lean_pass():
-    model = tiny_llama(seed=0)
+@pytest.mark.parametrize("make", _tiny_models())
+def test_layer_hooks_see_each_layers_input_in_the_lean_pass(make):
+    model = make()
     seen: dict[int, list[torch.Tensor]] = {}
     for i in (0, 2):
         model.model.layers[i].register_forward_pre_hook(
             lambda module, args, kwargs, i=i: seen.setdefault(i, []).append(args[0][0]), with_kwargs=True
         )
     forward(model, torch.tensor([[1, 2, 3]]), new_cache(model))
-    assert [t.shape for t in seen[0]] == [torch.Size([3, 32])] and len(seen[2]) == 1
+    assert [t.shape for t in seen[0]] == [torch.Size([3, model.config.hidden_size])] and len(seen[2]) == 1
     torch.testing.assert_close(seen[0][0], model.model.embed_tokens(torch.tensor([1, 2, 3])))
+
+
+@needs_kernel
+@pytest.mark.parametrize("hidden", [32, 128])
+def test_the_layer_kernel_gives_a_token_the_same_bits_alone_and_checked_with_others(hidden):
+    """A token's logits after a cached past: alone, first of a 5-token check, in a tree beside a sibling."""
+    model = _kernel_llama(seed=1, hidden=hidden)
+    cache = new_cache(model)
+    forward(model, torch.randint(0, 64, (1, 40), generator=torch.Generator().manual_seed(0)), cache)
+    alone = forward(model, torch.tensor([[5]]), cache)
+    crop(cache, 40)
+    checked = forward(model, torch.tensor([[5, 6, 7, 8, 9]]), cache)
+    crop(cache, 40)
+    allowed = torch.ones(2, 42, dtype=torch.bool)
+    allowed[:, 40:] = torch.eye(2, dtype=torch.bool)  # two siblings at the same depth
+    sibling = forward(
+        model, torch.tensor([[9, 5]]), cache, position_ids=torch.tensor([[40, 40]]),
+        mask=additive(allowed, torch.float32)[None, None],
+    )  # fmt: skip
+    assert torch.equal(alone[0], checked[0]) and torch.equal(alone[0], sibling[1])
+    assert not torch.equal(alone[0], checked[1])
+
+
+@needs_kernel
+def test_the_layer_kernel_swaps_the_models_own_modules_for_its_functions():
+    model = _kernel_llama(seed=0)
+    layer = model.model.layers[0]
+    assert model.config._attn_implementation == llama.KERNEL_ATTENTION
+    assert isinstance(layer.input_layernorm, llama.KernelRMSNorm) and isinstance(
+        model.model.norm, llama.KernelRMSNorm
+    )
+    x = torch.randn(3, 32)
+    reference = tiny_llama(seed=0).to(torch.float32).model.layers[0]
+    torch.testing.assert_close(layer.input_layernorm(x), reference.input_layernorm(x))
+    wide = torch.cat([torch.linspace(-120, 120, 2401), torch.randn(999)])  # past both ends of its exp
+    torch.testing.assert_close(layer.mlp.act_fn(wide), F.silu(wide))
 
 
 @needs_kernel
@@ -123,7 +176,7 @@ def test_layer_hooks_see_each_layers_input_in_the_lean_pass():
 def test_greedy_stays_lossless_on_the_kernel_path(seed):
     target = tiny_llama(seed=seed, init=0.3).to(torch.float32)
     assert use_row_kernel(target)
-    llama.fuse_projections(target)
+    llama.use_layer_kernel(target)
     assert_chain_drafts_lossless(target)
 
 

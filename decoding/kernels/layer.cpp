@@ -1,0 +1,259 @@
+// One Llama decoder layer for a few rows, in one parallel region: SpecLens's
+// default CPU step (decoding/llama.py).
+//
+// Why in C++: with the products at the memory limit (rows.h), what is left
+// of a small model's step is everything around them. Run from Python, a
+// step's ~600 small torch ops (norms, rotary embedding, attention, residual
+// adds, SiLU) took a third of the step, and the products slowed beside
+// them. Here a layer is one call: its threads stay in one region from the
+// first norm to the last residual, and the small ops work on rows still in
+// cache.
+//
+// Every row is computed on its own, in a fixed order, whatever else is in
+// the batch, as the products are: a token checked with k others gets the
+// bits it gets alone. The norm, SiLU and attention are also exported on
+// their own, and the model's own modules call them (llama.py swaps them
+// in), so Hugging Face's forward of the same model computes these bits too.
+// Built with -ffp-contract=off: the rotary embedding and the residual adds
+// then round as torch's elementwise ops do.
+#include <cmath>
+#include <vector>
+
+#include "rows.h"
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+  if (n % kWidth == 0) {
+    vec acc = vzero();
+    for (int64_t t = 0; t < n; t += kWidth) acc = vfma(vload(a + t), vload(b + t), acc);
+    return vsum(acc);
+  }
+  float s = 0.f;
+  for (int64_t t = 0; t < n; t++) s += a[t] * b[t];
+  return s;
+}
+
+// y = w * (x / sqrt(mean(x^2) + eps)), one row.
+static void rmsnorm_row(const float* x, const float* w, float* y, int64_t D, float eps) {
+  const float inv = 1.f / std::sqrt(dot(x, x, D) / static_cast<float>(D) + eps);
+  for (int64_t t = 0; t < D; t++) y[t] = w[t] * (x[t] * inv);
+}
+
+#if defined(__AVX512F__)
+static inline vec vset(float a) { return _mm512_set1_ps(a); }
+static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+static inline vec vclamp(vec a, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(a, vset(lo)), vset(hi)); }
+static inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+static inline vec vpow2(vec n) {  // 2^n for whole n in [-126, 127], built from its exponent bits
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+static inline vec vzero_below(vec x, float lo, vec y) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, vset(lo), _CMP_GE_OQ), y);
+}
+#else
+static inline vec vset(float a) { return _mm256_set1_ps(a); }
+static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+static inline vec vclamp(vec a, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(a, vset(lo)), vset(hi)); }
+static inline vec vfloor(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+static inline vec vpow2(vec n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+static inline vec vzero_below(vec x, float lo, vec y) { return _mm256_and_ps(_mm256_cmp_ps(x, vset(lo), _CMP_GE_OQ), y); }
+#endif
+
+// e^x by Cephes' expf polynomial (relative error near 1e-7), exactly 0 below
+// e^-87. Not libm's expf: a call per element cost a step of 17 tokens some
+// 15 ms in SiLUs and softmaxes. Every lane is computed alone, so an element
+// gets the same bits wherever it sits in a vector.
+static inline vec vexp(vec x) {
+  const vec c = vclamp(x, -87.f, 88.f);
+  const vec n = vfloor(vadd(vmul(c, vset(1.44269504088896341f)), vset(0.5f)));
+  vec r = vsub(c, vmul(n, vset(0.693359375f)));
+  r = vsub(r, vmul(n, vset(-2.12194440e-4f)));
+  vec p = vset(1.9875691500e-4f);
+  for (float coefficient : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = vadd(vmul(p, r), vset(coefficient));
+  const vec y = vadd(vadd(vmul(p, vmul(r, r)), r), vset(1.f));
+  return vzero_below(x, -87.f, vmul(y, vpow2(n)));
+}
+
+// out[t] = silu(g[t]) (* u[t] where u is given) = g / (1 + e^-g) (* u).
+static inline vec vsilu(vec g) { return vdiv(g, vadd(vset(1.f), vexp(vsub(vzero(), g)))); }
+
+// f over n floats a vector at a time, the tail through a padded vector.
+template <typename F>
+static inline void each_vector(int64_t n, F f) {
+  int64_t t = 0;
+  for (; t + kWidth <= n; t += kWidth) f(t, kWidth);
+  if (t < n) f(t, n - t);
+}
+
+static inline vec vload_part(const float* p, int64_t count) {
+  if (count == kWidth) return vload(p);
+  float pad[kWidth] = {};
+  for (int64_t i = 0; i < count; i++) pad[i] = p[i];
+  return vload(pad);
+}
+
+static inline void vstore_part(float* p, vec a, int64_t count) {
+  if (count == kWidth) return vstore(p, a);
+  float pad[kWidth];
+  vstore(pad, a);
+  for (int64_t i = 0; i < count; i++) p[i] = pad[i];
+}
+
+static void silu_mul(const float* g, const float* u, float* out, int64_t n) {
+  each_vector(n, [&](int64_t t, int64_t count) {
+    vec y = vsilu(vload_part(g + t, count));
+    if (u) y = vmul(y, vload_part(u + t, count));
+    vstore_part(out + t, y, count);
+  });
+}
+
+// Llama's rotary embedding of one head's row, as transformers writes it:
+// x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1].
+static void rope(float* x, const float* cos, const float* sin, int64_t d) {
+  const int64_t h = d / 2;
+  for (int64_t t = 0; t < h; t++) {
+    const float a = x[t], b = x[t + h];
+    x[t] = a * cos[t] + (-b) * sin[t];
+    x[t + h] = b * cos[t + h] + a * sin[t + h];
+  }
+}
+
+// Which keys a query row sees: every key up to its own position (mask_kind 0),
+// a boolean mask (1, true = seen) or an additive float mask (2, a tree's).
+struct Mask {
+  int kind;
+  const void* data;
+  int64_t row_stride;
+};
+
+// out = softmax(q k^T * scale + mask) v for one query row and head, summed
+// over the keys in order; a key masked out weighs exactly 0, so it adds
+// nothing to a sum.
+static void attend_row(const float* q, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+                       float* out, int64_t L, int64_t d, float scale, int64_t row, int64_t past,
+                       const Mask& mask, float* scores) {
+  const int64_t seen = mask.kind == 0 ? past + row + 1 : L;
+  const uint8_t* allowed = mask.kind == 1 ? static_cast<const uint8_t*>(mask.data) + row * mask.row_stride : nullptr;
+  const float* add = mask.kind == 2 ? static_cast<const float*>(mask.data) + row * mask.row_stride : nullptr;
+  float top = -INFINITY;
+  for (int64_t j = 0; j < seen; j++) {
+    float s = -INFINITY;
+    if (!allowed || allowed[j]) s = dot(q, k + j * k_stride, d) * scale;
+    if (add) s = s + add[j];
+    scores[j] = s;
+    top = std::fmax(top, s);
+  }
+  each_vector(seen, [&](int64_t j, int64_t count) {
+    vstore_part(scores + j, vexp(vsub(vload_part(scores + j, count), vset(top))), count);
+  });
+  for (int64_t t = 0; t < d; t++) out[t] = 0.f;
+  float total = 0.f;
+  for (int64_t j = 0; j < seen; j++) {
+    const float p = scores[j];
+    total += p;
+    const float* vj = v + j * v_stride;
+    for (int64_t t = 0; t < d; t++) out[t] += p * vj[t];
+  }
+  for (int64_t t = 0; t < d; t++) out[t] /= total;
+}
+
+struct Attention {
+  const float* q;  // row r, head h at q + r * q_row + h * q_head
+  int64_t q_row, q_head;
+  const float* k;  // key head g, position j at k + g * k_head + j * k_stride
+  int64_t k_head, k_stride;
+  const float* v;  // likewise
+  int64_t v_head, v_stride;
+  float* out;  // [n, heads * d]
+  int64_t n, L, heads, kv_heads, d;
+  float scale;
+  Mask mask;
+};
+
+static void attention_rows(const Attention& a) {
+  const int64_t group = a.heads / a.kv_heads, past = a.L - a.n;
+  std::vector<float> scores(a.L);
+#pragma omp for schedule(static)
+  for (int64_t task = 0; task < a.n * a.heads; task++) {
+    const int64_t r = task / a.heads, h = task % a.heads, g = h / group;
+    attend_row(a.q + r * a.q_row + h * a.q_head, a.k + g * a.k_head, a.k_stride, a.v + g * a.v_head,
+               a.v_stride, a.out + (r * a.heads + h) * a.d, a.L, a.d, a.scale, r, past, a.mask,
+               scores.data());
+  }
+}
+
+struct Layer {
+  const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down,
+      *down_bias;
+  int64_t hidden, heads, kv_heads, head_dim, intermediate;
+  float eps, scale;
+};
+
+struct Step {
+  const float* in;  // [n, hidden]
+  float* out;       // [n, hidden]
+  int64_t n, past;
+  const float *cos, *sin;  // [n, head_dim]
+  float *k_cache, *v_cache;  // [kv_heads, capacity, head_dim], written at past..past+n
+  int64_t capacity;
+  Mask mask;
+};
+
+extern "C" void llama_layer(const Layer* l, const Step* s) {
+  const int64_t n = s->n, D = l->hidden, d = l->head_dim, I = l->intermediate;
+  const int64_t Q = l->heads * d, KV = l->kv_heads * d, QKV = Q + 2 * KV;
+  std::vector<float> normed(n * D), qkv(n * QKV), attended(n * Q), gate_up(n * 2 * I), act(n * I);
+#pragma omp parallel
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->in + r * D, l->input_norm, normed.data() + r * D, D, l->eps);
+    linear_rows(normed.data(), l->qkv, l->qkv_bias, nullptr, qkv.data(), n, D, QKV);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+      float* row = qkv.data() + r * QKV;
+      const float *cos = s->cos + r * d, *sin = s->sin + r * d;
+      for (int64_t h = 0; h < l->heads; h++) rope(row + h * d, cos, sin, d);
+      for (int64_t g = 0; g < l->kv_heads; g++) {
+        float* key = row + Q + g * d;
+        const float* value = row + Q + KV + g * d;
+        rope(key, cos, sin, d);
+        const int64_t at = (g * s->capacity + s->past + r) * d;
+        for (int64_t t = 0; t < d; t++) s->k_cache[at + t] = key[t], s->v_cache[at + t] = value[t];
+      }
+    }
+    const int64_t cache_head = s->capacity * d;
+    attention_rows({qkv.data(), QKV, d, s->k_cache, cache_head, d, s->v_cache, cache_head, d, attended.data(),
+                    n, s->past + n, l->heads, l->kv_heads, d, l->scale, s->mask});
+    linear_rows(attended.data(), l->o, l->o_bias, s->in, s->out, n, Q, D);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->out + r * D, l->post_norm, normed.data() + r * D, D, l->eps);
+    linear_rows(normed.data(), l->gate_up, l->gate_up_bias, nullptr, gate_up.data(), n, D, 2 * I);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; r++) silu_mul(gate_up.data() + r * 2 * I, gate_up.data() + r * 2 * I + I, act.data() + r * I, I);
+    linear_rows(act.data(), l->down, l->down_bias, s->out, s->out, n, I, D);
+  }
+}
+
+// The same pieces for the model's own modules (llama.py).
+
+extern "C" void rmsnorm(const float* x, const float* w, float* y, int64_t M, int64_t D, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < M; r++) rmsnorm_row(x + r * D, w, y + r * D, D, eps);
+}
+
+extern "C" void silu_rows(const float* x, float* y, int64_t n) { silu_mul(x, nullptr, y, n); }
+
+extern "C" void attention(const Attention* a) {
+#pragma omp parallel
+  attention_rows(*a);
+}
