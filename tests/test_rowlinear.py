@@ -191,5 +191,7 @@ def test_the_default_cpu_mode_is_the_kernel_and_the_lean_pass(smol):
     ids = smol.tokenizer(PROMPTS.read_text().splitlines()[0][:400], return_tensors="pt").input_ids
     theirs, ours = DynamicCache(config=smol.model.config), new_cache(smol.model)
     assert torch.equal(forward(smol.model, ids, ours, keep=1), _hf_logits(smol.model, ids, theirs)[-1:])
+    check = torch.tensor([[28, 253, 1029, 3, 17]])
+    assert torch.equal(forward(smol.model, check, ours), _hf_logits(smol.model, check, theirs))
     step = torch.tensor([[1, 2, 3, 4, 5]])
     assert torch.equal(forward(smol.model, step, ours), _hf_logits(smol.model, step, theirs))

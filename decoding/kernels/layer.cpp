@@ -136,6 +136,74 @@ struct Mask {
   int64_t row_stride;
 };
 
+#if defined(__AVX512F__)
+// The sums of 16 vectors at once: lane 4 q + l holds the sum of a[q + 4 l].
+// Lanes are paired at the distances vsum pairs them (8, 4, 2, 1), so each
+// sum has vsum's bits, for a quarter of the shuffles.
+static inline __m512 vsum16(const __m512* a) {
+  __m512 b[8], c[4], e[2];
+  for (int p = 0; p < 8; p++)
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
+  for (int p = 0; p < 4; p++)
+    c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD));
+  for (int p = 0; p < 2; p++)
+    e[p] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0x44), _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
+}
+
+// dot(q, k_j) for 16 keys from j, each with dot()'s bits.
+static inline void dots16(const float* q, const float* k, int64_t k_stride, int64_t d, float* out) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < d; t += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + t);
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(k + i * k_stride + t), qv, acc[i]);
+  }
+  float sums[16];
+  _mm512_storeu_ps(sums, vsum16(acc));
+  for (int q4 = 0; q4 < 4; q4++)
+    for (int l = 0; l < 4; l++) out[q4 + 4 * l] = sums[4 * q4 + l];
+}
+#endif
+
+// Every seen key's score, in order; a key masked out scores -inf.
+static void scores_row(const float* q, const float* k, int64_t k_stride, int64_t d, float scale, int64_t seen,
+                       const uint8_t* allowed, const float* add, float* scores) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (d % 16 == 0)
+    for (; j + 16 <= seen; j += 16) dots16(q, k + j * k_stride, k_stride, d, scores + j);
+#endif
+  for (; j < seen; j++) scores[j] = dot(q, k + j * k_stride, d);
+  for (j = 0; j < seen; j++) {
+    float s = scores[j] * scale;
+    if (allowed && !allowed[j]) s = -INFINITY;
+    if (add) s = s + add[j];
+    scores[j] = s;
+  }
+}
+
+// out = sum_j p_j v_j in order of j, in registers where the row fits them.
+static void weighted_sum(const float* p, const float* v, int64_t v_stride, int64_t seen, int64_t d, float* out) {
+  constexpr int64_t kMax = 8;
+  if (d % kWidth == 0 && d / kWidth <= kMax) {
+    vec acc[kMax];
+    const int64_t parts = d / kWidth;
+    for (int64_t u = 0; u < parts; u++) acc[u] = vzero();
+    for (int64_t j = 0; j < seen; j++) {
+      const vec pj = vset(p[j]);
+      for (int64_t u = 0; u < parts; u++) acc[u] = vadd(acc[u], vmul(pj, vload(v + j * v_stride + u * kWidth)));
+    }
+    for (int64_t u = 0; u < parts; u++) vstore(out + u * kWidth, acc[u]);
+    return;
+  }
+  for (int64_t t = 0; t < d; t++) out[t] = 0.f;
+  for (int64_t j = 0; j < seen; j++)
+    for (int64_t t = 0; t < d; t++) out[t] += p[j] * v[j * v_stride + t];
+}
+
 // out = softmax(q k^T * scale + mask) v for one query row and head, summed
 // over the keys in order; a key masked out weighs exactly 0, so it adds
 // nothing to a sum.
@@ -145,25 +213,15 @@ static void attend_row(const float* q, const float* k, int64_t k_stride, const f
   const int64_t seen = mask.kind == 0 ? past + row + 1 : L;
   const uint8_t* allowed = mask.kind == 1 ? static_cast<const uint8_t*>(mask.data) + row * mask.row_stride : nullptr;
   const float* add = mask.kind == 2 ? static_cast<const float*>(mask.data) + row * mask.row_stride : nullptr;
+  scores_row(q, k, k_stride, d, scale, seen, allowed, add, scores);
   float top = -INFINITY;
-  for (int64_t j = 0; j < seen; j++) {
-    float s = -INFINITY;
-    if (!allowed || allowed[j]) s = dot(q, k + j * k_stride, d) * scale;
-    if (add) s = s + add[j];
-    scores[j] = s;
-    top = std::fmax(top, s);
-  }
+  for (int64_t j = 0; j < seen; j++) top = std::fmax(top, scores[j]);
   each_vector(seen, [&](int64_t j, int64_t count) {
     vstore_part(scores + j, vexp(vsub(vload_part(scores + j, count), vset(top))), count);
   });
-  for (int64_t t = 0; t < d; t++) out[t] = 0.f;
   float total = 0.f;
-  for (int64_t j = 0; j < seen; j++) {
-    const float p = scores[j];
-    total += p;
-    const float* vj = v + j * v_stride;
-    for (int64_t t = 0; t < d; t++) out[t] += p * vj[t];
-  }
+  for (int64_t j = 0; j < seen; j++) total += scores[j];
+  weighted_sum(scores, v, v_stride, seen, d, out);
   for (int64_t t = 0; t < d; t++) out[t] /= total;
 }
 
@@ -183,9 +241,11 @@ struct Attention {
 static void attention_rows(const Attention& a) {
   const int64_t group = a.heads / a.kv_heads, past = a.L - a.n;
   std::vector<float> scores(a.L);
+  // Key/value head major: the tasks that read one head's keys and values run
+  // one after another on a thread, so after the first they come from cache.
 #pragma omp for schedule(static)
   for (int64_t task = 0; task < a.n * a.heads; task++) {
-    const int64_t r = task / a.heads, h = task % a.heads, g = h / group;
+    const int64_t g = task / (a.n * group), r = task / group % a.n, h = g * group + task % group;
     attend_row(a.q + r * a.q_row + h * a.q_head, a.k + g * a.k_head, a.k_stride, a.v + g * a.v_head,
                a.v_stride, a.out + (r * a.heads + h) * a.d, a.L, a.d, a.scale, r, past, a.mask,
                scores.data());
