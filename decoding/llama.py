@@ -10,7 +10,8 @@ in place (`StepCache`), in one of two ways:
   is one call of `kernels/layer.cpp`. `use_layer_kernel` swaps the model's
   norms, SiLU and attention for the same C++ functions, so the model's own
   forward (Hugging Face's `generate`, the tests' reference) computes the
-  same bits;
+  same bits. A prompt with nothing cached takes the loop below, and the
+  model's forward SDPA, alike;
 - otherwise: the model's own modules and functions (its norms, rotary
   embedding, MLP and SDPA attention) in a plain loop, op for op what its
   forward computes.

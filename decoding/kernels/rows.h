@@ -105,5 +105,3 @@ static inline void linear_rows(const float* x, const float* w, const float* b, c
 #pragma omp for schedule(static)
   for (int64_t n0 = blocks * kRowsOfW; n0 < N; n0++) rows_of_w<1>(x, w, b, r, y, M, K, N, n0);
 }
-
-
