@@ -146,10 +146,12 @@ def test_the_layer_kernel_gives_a_token_the_same_bits_alone_and_checked_with_oth
     crop(cache, 40)
     checked = forward(model, torch.tensor([[5, 6, 7, 8, 9]]), cache)
     crop(cache, 40)
-    allowed = torch.ones(2, 42, dtype=torch.bool)
-    allowed[:, 40:] = torch.eye(2, dtype=torch.bool)  # two siblings at the same depth
+    # Nine siblings at the same depth: 49 keys, so the kernel scores keys 32-47 sixteen at a
+    # time here and one at a time alone, which must give the same bits.
+    allowed = torch.ones(9, 49, dtype=torch.bool)
+    allowed[:, 40:] = torch.eye(9, dtype=torch.bool)
     sibling = forward(
-        model, torch.tensor([[9, 5]]), cache, position_ids=torch.tensor([[40, 40]]),
+        model, torch.tensor([[9, 5, *range(10, 17)]]), cache, position_ids=torch.full((1, 9), 40),
         mask=additive(allowed, torch.float32)[None, None],
     )  # fmt: skip
     assert torch.equal(alone[0], checked[0]) and torch.equal(alone[0], sibling[1])
