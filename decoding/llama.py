@@ -181,6 +181,8 @@ class KernelRMSNorm(torch.nn.Module):
         self.weight, self.eps = norm.weight, float(norm.variance_epsilon)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:  # the kernel reads float32 only
+            return torch.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
         x = x.contiguous()
         y = torch.empty_like(x)
         width = x.shape[-1]
@@ -194,6 +196,8 @@ class KernelSiLU(torch.nn.Module):
     """SiLU through the kernel's own function: the layer kernel's MLP computes these bits."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:  # the kernel reads float32 only
+            return F.silu(x)
         x = x.contiguous()
         y = torch.empty_like(x)
         library().silu_rows(x.data_ptr(), y.data_ptr(), x.numel())

@@ -3,7 +3,7 @@
 A small model's step on a CPU is bound by streaming its weights, and checking
 k+1 tokens reads the same weights as checking one. Through MKL (`F.linear`)
 SmolLM2-135M's linear layers take about twice as long for 5 rows as for 1;
-`kernels/rowlinear.cpp` reads each block of weight rows once for all the
+`kernels/rows.h` reads each block of weight rows once for all the
 rows, so 1 to 5 rows cost about the same (`python -m decoding probe`).
 
 Its sums do not depend on the batch: a token's outputs are the same bits
