@@ -70,11 +70,11 @@ def library() -> ctypes.CDLL | None:
         return None
     from .models import cache_dir  # models imports this module
 
-    # -march=native: a binary for this CPU, so the CPU's flags are part of its name.
-    sources = b"".join(p.read_bytes() for p in (*SOURCES, KERNELS / "rows.h"))
-    key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_flags().encode())
-    path = cache_dir() / "kernels" / f"rowlinear-{key.hexdigest()[:16]}.so"
     try:
+        sources = b"".join(p.read_bytes() for p in (*SOURCES, KERNELS / "rows.h"))
+        # -march=native: a binary for this CPU, so the CPU's flags are part of its name.
+        key = hashlib.sha256(sources + " ".join(FLAGS).encode() + _cpu_flags().encode())
+        path = cache_dir() / "kernels" / f"rowlinear-{key.hexdigest()[:16]}.so"
         if not path.exists():
             _build(compiler, path)
         lib = ctypes.CDLL(str(path))
