@@ -39,15 +39,18 @@ def _ms(fn) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def streaming_product(mb: int = 256):
-    """A matrix-vector product over `mb` MB of float32 (it reads each byte once and does little else), and its bytes.
+def streaming_reads(mb: int = 256):
+    """Two reads of `mb` MB of float32 that do little else (a matrix-vector product and a sum), and their bytes.
 
-    torch's, on the decoder's own threads: numpy's BLAS keeps threads of its
-    own spinning after each call, which slowed the step timed next by ×2-3.
+    The limit is the faster of the two: on an AMD EPYC the product read 22 GB/s
+    and the sum 32, and the model's own products stream faster than the
+    product, so the product alone understated the limit. torch's, on the
+    decoder's own threads: numpy's BLAS keeps threads of its own spinning
+    after each call, which slowed the step timed next by ×2-3.
     """
     n = int((mb * 2**20 / 4) ** 0.5)
     a, x = torch.ones(n, n), torch.ones(n)
-    return (lambda: torch.mv(a, x)), a.numel() * a.element_size()
+    return (lambda: torch.mv(a, x), a.sum), a.numel() * a.element_size()
 
 
 def peak_gflops(n: int = 2048, reps: int = 4) -> float:
@@ -73,23 +76,23 @@ def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
 
 def steps_and_bandwidth(model: torch.nn.Module, rows: tuple[int, ...], reps: int = 9) -> tuple[dict, float]:
     """Median ms of one forward pass over n new tokens after CONTEXT cached ones, for each n, and the
-    bandwidth (GB/s) of the streaming product, all timed interleaved: a shared machine's slow
+    bandwidth (GB/s) of the faster streaming read, all timed interleaved: a shared machine's slow
     minutes fall on every figure alike."""
     device = model.get_output_embeddings().weight.device
     cache = new_cache(model)
     forward(model, torch.arange(CONTEXT, device=device).view(1, -1) % 1000 + 10, cache, keep=1)
-    stream, nbytes = streaming_product()
+    reads, nbytes = streaming_reads()
     steps: dict[int, list[float]] = {n: [] for n in rows}
-    streams = []
+    streams: list[list[float]] = [[] for _ in reads]
     for _ in range(reps + 1):  # the first pass of each allocates
-        streams.append(_ms(stream))
+        for read, times in zip(reads, streams):
+            times.append(_ms(read))
         for n in rows:
             ids = torch.arange(n, device=device).view(1, -1) + 20
             steps[n].append(_ms(lambda ids=ids: _step(model, ids, cache)))
             crop(cache, CONTEXT)
-    return {n: statistics.median(t[1:]) for n, t in steps.items()}, nbytes / statistics.median(
-        streams[1:]
-    ) / 1e6
+    fastest = min(statistics.median(t[1:]) for t in streams)
+    return {n: statistics.median(t[1:]) for n, t in steps.items()}, nbytes / fastest / 1e6
 
 
 def _step(model: torch.nn.Module, ids: torch.Tensor, cache) -> None:
