@@ -18,6 +18,7 @@ import torch
 from .errors import SpecLensError
 from .forward import crop, forward, new_cache
 from .models import LoadedModel, compile_forward, load_model, public_name, same_tokenizer
+from .rowlinear import use_row_kernel
 from .sampling import Sampling
 from .trace import Match, Translation
 from .tree import TokenTree, TreeShape, additive, grow_tree, level_mask
@@ -292,4 +293,6 @@ def _head_draft(spec: str, target: LoadedModel) -> Draft:
         raise SpecLensError("a head draft reads the target's layers as it runs: use it without --compile")
     folder = shipped_head(target.name) if spec == "head" else spec.split(":", 1)[1].strip()
     head = load_head(folder, target.model, target.device, target.dtype)
+    if target.row_kernel:  # as the target's: 1.3 ms a drafted token on 2 cores, 3.5 through F.linear
+        use_row_kernel(head)
     return HeadDraft(head, target.model, "head" if spec == "head" else f"head:{public_name(str(folder))}")

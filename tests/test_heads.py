@@ -24,6 +24,7 @@ from decoding.heads import (
     load_head,
 )
 from decoding.policies import make_policy
+from decoding.rowlinear import RowLinear
 from decoding.sampling import Sampling
 from decoding.speculative import autoregressive_generate, iter_trace, speculative_generate
 from decoding.trace import check_invariants
@@ -380,6 +381,7 @@ def test_the_shipped_head_is_lossless_on_smollm2(smol):
         expected = autoregressive_generate(smol.model, ids, max_new_tokens=32).token_ids
         for k in (2, 8):
             draft = build_draft("head", smol)
+            assert isinstance(draft.head.lm_head, RowLinear) == smol.row_kernel  # the target's products
             trace = speculative_generate(smol.model, ids, draft, make_policy("fixed", k), max_new_tokens=32)
             assert trace.output.token_ids == expected, f"k={k}"
             accepted += trace.totals.accepted
