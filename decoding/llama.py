@@ -130,7 +130,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [
         *((name, ctypes.c_void_p) for name in (
             "input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "gate_up_bias", "down",
-            "down_bias")),
+            "down_bias", "qkv_panels", "o_panels", "gate_up_panels", "down_panels")),
         *((name, _i64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")),
         ("eps", ctypes.c_float), ("scale", ctypes.c_float),
     ]  # fmt: skip
@@ -154,7 +154,8 @@ def _layer_weights(layer: torch.nn.Module, config) -> _Layer:
         _ptr(layer.input_layernorm.weight), _ptr(attn.qkv_proj.weight), _ptr(attn.qkv_proj.bias),
         _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias), _ptr(layer.post_attention_layernorm.weight),
         _ptr(mlp.gate_up_proj.weight), _ptr(mlp.gate_up_proj.bias), _ptr(mlp.down_proj.weight),
-        _ptr(mlp.down_proj.bias), config.hidden_size, config.num_attention_heads,
+        _ptr(mlp.down_proj.bias), _ptr(attn.qkv_proj.panels()), _ptr(attn.o_proj.panels()),
+        _ptr(mlp.gate_up_proj.panels()), _ptr(mlp.down_proj.panels()), config.hidden_size, config.num_attention_heads,
         config.num_key_value_heads, attn.head_dim, config.intermediate_size, layer.input_layernorm.eps,
         attn.scaling,
     )  # fmt: skip

@@ -30,7 +30,7 @@ from .errors import (
     SpecLensError,
 )
 from .packed import pack_output_layer
-from .rowlinear import use_row_kernel
+from .rowlinear import library, use_row_kernel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -220,6 +220,8 @@ def load_model(
         else:
             source = resolve_source(name)
             need = _needed_bytes(source, dt)
+            if not compile and dev.type == "cpu" and dt == torch.float32 and library() is not None:
+                need *= 2  # the row kernel packs a copy of the weights (rowlinear.py)
             _evict_for(need)
             _check_fits(source, need, dt, dev)
             loaded = _load(name, source, dev, dt)
@@ -235,6 +237,8 @@ def load_model(
 def _use_fast_linears(loaded: LoadedModel) -> None:
     """SpecLens's kernel where it builds, else oneDNN's packed output layer (float32 CPU models only)."""
     loaded.row_kernel = use_row_kernel(loaded.model)
+    if loaded.row_kernel:  # the panels the kernel multiplies by: a copy of the weights
+        loaded.nbytes += model_bytes(loaded.model)
     if loaded.row_kernel and llama.fits(loaded.model):
         llama.use_layer_kernel(loaded.model)
     if not loaded.row_kernel:

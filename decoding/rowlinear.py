@@ -4,7 +4,10 @@ A small model's step on a CPU is bound by streaming its weights, and checking
 k+1 tokens reads the same weights as checking one. Through MKL (`F.linear`)
 SmolLM2-135M's linear layers take about twice as long for 5 rows as for 1;
 `kernels/rows.h` reads each block of weight rows once for all the
-rows, so 1 to 5 rows cost about the same (`python -m decoding probe`).
+rows, so 1 to 5 rows cost about the same (`python -m decoding probe`). Each layer packs a
+copy of its weight into panels (`kernels/rows.h`) the first time it runs, so
+that 9 or 17 rows also run near the cores' arithmetic: the kernel costs a
+second copy of the weights in memory.
 
 Its sums do not depend on the batch: a token's outputs are the same bits
 whether it is checked alone or with k others, so plain decoding and
@@ -83,6 +86,8 @@ def library() -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     for name, args in {
         "rowlinear": [ptr] * 4 + [i64] * 3,
+        "rowlinear_panels": [ptr] * 4 + [i64] * 3,
+        "pack_panels": [ptr] * 2 + [i64] * 2,
         "rmsnorm": [ptr] * 3 + [i64] * 2 + [ctypes.c_float],
         "silu_rows": [ptr, ptr, i64],
         "attention": [ptr],
@@ -93,15 +98,22 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` through the kernel: float32 CPU tensors, weight and bias contiguous."""
+def row_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    panels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` through the kernel: float32 CPU tensors, weight and bias contiguous;
+    from `panels` (`pack_panels(weight)`) where given."""
     # Lean on purpose: a step makes over a hundred of these calls, each a few microseconds of work.
     if not x.is_contiguous():
         x = x.contiguous()
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    _kernel()(
+    product = _kernel() if panels is None else library().rowlinear_panels
+    product(
         x.data_ptr(),
-        weight.data_ptr(),
+        weight.data_ptr() if panels is None else panels.data_ptr(),
         None if bias is None else bias.data_ptr(),
         out.data_ptr(),
         x.numel() // x.shape[-1],
@@ -111,24 +123,44 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     return out
 
 
+def pack_panels(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` [N, K] laid out in the kernel's panels, or None where N is not a multiple of its width."""
+    lib = library()
+    n, k = weight.shape
+    if n % lib.rowlinear_width():
+        return None
+    panels = torch.empty(n * k, dtype=torch.float32)
+    lib.pack_panels(weight.data_ptr(), panels.data_ptr(), k, n)
+    return panels
+
+
 @functools.cache
 def _kernel():
     return library().rowlinear
 
 
 class RowLinear(torch.nn.Module):
-    """A linear layer computed by the kernel; it keeps the original's weight and bias (tied weights stay tied)."""
+    """A linear layer computed by the kernel; it keeps the original's weight and bias (tied weights stay tied)
+    and packs a copy of the weight into panels the first time it runs."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        self._panels: torch.Tensor | None = None
+        self._packed = False
+
+    def panels(self) -> torch.Tensor | None:
+        """The weight's panels, packed on first use (None where its shape has none)."""
+        if not self._packed:
+            self._panels, self._packed = pack_panels(self.weight.detach()), True
+        return self._panels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Prompts too: MKL would read a long prompt faster, but its sums depend on
         # the shapes, and the model's own forward (all rows, q/k/v apart) must
         # give the lean pass's bits (one row kept, q/k/v fused).
-        return row_linear(x, self.weight, self.bias)
+        return row_linear(x, self.weight, self.bias, self.panels())
 
 
 def _fits(linear: torch.nn.Linear, width: int) -> bool:

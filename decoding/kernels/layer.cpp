@@ -255,6 +255,7 @@ static void attention_rows(const Attention& a) {
 struct Layer {
   const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gate_up_bias, *down,
       *down_bias;
+  const float *qkv_panels, *o_panels, *gate_up_panels, *down_panels;  // rows.h's panels, or null
   int64_t hidden, heads, kv_heads, head_dim, intermediate;
   float eps, scale;
 };
@@ -277,7 +278,7 @@ extern "C" void llama_layer(const Layer* l, const Step* s) {
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) rmsnorm_row(s->in + r * D, l->input_norm, normed.data() + r * D, D, l->eps);
-    linear_rows(normed.data(), l->qkv, l->qkv_bias, nullptr, qkv.data(), n, D, QKV);
+    product(normed.data(), l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv.data(), n, D, QKV);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) {
       float* row = qkv.data() + r * QKV;
@@ -294,13 +295,13 @@ extern "C" void llama_layer(const Layer* l, const Step* s) {
     const int64_t cache_head = s->capacity * d;
     attention_rows({qkv.data(), QKV, d, s->k_cache, cache_head, d, s->v_cache, cache_head, d, attended.data(),
                     n, s->past + n, l->heads, l->kv_heads, d, l->scale, s->mask});
-    linear_rows(attended.data(), l->o, l->o_bias, s->in, s->out, n, Q, D);
+    product(attended.data(), l->o, l->o_panels, l->o_bias, s->in, s->out, n, Q, D);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) rmsnorm_row(s->out + r * D, l->post_norm, normed.data() + r * D, D, l->eps);
-    linear_rows(normed.data(), l->gate_up, l->gate_up_bias, nullptr, gate_up.data(), n, D, 2 * I);
+    product(normed.data(), l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up.data(), n, D, 2 * I);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) silu_mul(gate_up.data() + r * 2 * I, gate_up.data() + r * 2 * I + I, act.data() + r * I, I);
-    linear_rows(act.data(), l->down, l->down_bias, s->out, s->out, n, I, D);
+    product(act.data(), l->down, l->down_panels, l->down_bias, s->out, s->out, n, I, D);
   }
 }
 

@@ -10,3 +10,20 @@ extern "C" void rowlinear(const float* x, const float* w, const float* b, float*
 #pragma omp parallel
   linear_rows(x, w, b, nullptr, y, M, K, N);
 }
+
+// The same product from w's panels (pack_panels); N also a multiple of the width.
+extern "C" void rowlinear_panels(const float* x, const float* panels, const float* b, float* y, int64_t M,
+                                 int64_t K, int64_t N) {
+#pragma omp parallel
+  linear_panels(x, panels, b, nullptr, y, M, K, N);
+}
+
+// w [N, K] into panels [N * K] as rows.h lays them out.
+extern "C" void pack_panels(const float* w, float* panels, int64_t K, int64_t N) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n0 = 0; n0 < N; n0 += kPanel) {
+    const int64_t width = std::min<int64_t>(kPanel, N - n0);
+    for (int64_t k = 0; k < K; k++)
+      for (int64_t c = 0; c < width; c++) panels[n0 * K + k * width + c] = w[(n0 + c) * K + k];
+  }
+}
