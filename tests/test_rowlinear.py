@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from decoding import llama, rowlinear
 from decoding.forward import crop, forward, new_cache
-from decoding.rowlinear import RowLinear, row_linear, use_row_kernel
+from decoding.rowlinear import RowLinear, pack_panels, row_linear, use_row_kernel
 from decoding.tree import additive
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
@@ -40,6 +40,32 @@ def test_a_rows_result_does_not_depend_on_its_batch_or_on_the_other_weight_rows(
         assert torch.equal(row_linear(x[rows : rows + 1], w), full[rows : rows + 1])
     assert torch.equal(row_linear(x, w[576:1152]), full[:, 576:1152])
     assert torch.equal(row_linear(x, w[3:8]), full[:, 3:8])  # a block of 4 rows, then a lone one
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 17, 25, 60])
+@pytest.mark.parametrize(("inputs", "outputs"), [(32, 16), (80, 112), (576, 192), (1536, 576)])
+def test_the_panels_compute_a_linear_layer_and_a_rows_bits_do_not_depend_on_its_batch(rows, inputs, outputs):
+    """Through the packed copy: rows in several tiles and groups of tiles, K in partial chunks, a
+    partial last panel; each row alone and each slice of the weight (a fused q/k/v's parts) give the same bits."""
+    torch.manual_seed(rows)
+    x, w, b = torch.randn(rows, inputs), torch.randn(outputs, inputs), torch.randn(outputs)
+    panels = pack_panels(w)
+    full = row_linear(x, w, b, panels)
+    torch.testing.assert_close(full, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+    for r in range(rows):
+        assert torch.equal(row_linear(x[r : r + 1], w, b, panels), full[r : r + 1])
+    part = slice(outputs // 2 - outputs // 2 % 16, outputs)
+    assert torch.equal(row_linear(x, w[part], b[part], pack_panels(w[part])), full[:, part])
+
+
+@needs_kernel
+def test_a_weight_whose_rows_fill_no_vector_keeps_its_own_layout():
+    w = torch.randn(37, 32)
+    assert pack_panels(w) is None
+    layer = RowLinear(torch.nn.Linear(32, 37))
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
 
 
 @needs_kernel
