@@ -104,7 +104,7 @@ def _fused(*parts: RowLinear) -> RowLinear:
         if fused.bias is not None:
             p.bias = torch.nn.Parameter(fused.bias[start:end], requires_grad=False)
         start = end
-    return RowLinear(fused)
+    return RowLinear(fused, parts[0].uses_panels)
 
 
 _i64 = ctypes.c_int64

@@ -143,16 +143,17 @@ class RowLinear(torch.nn.Module):
     """A linear layer computed by the kernel; it keeps the original's weight and bias (tied weights stay tied)
     and packs a copy of the weight into panels the first time it runs."""
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, panels: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        self.uses_panels = panels
         self._panels: torch.Tensor | None = None
         self._packed = False
 
     def panels(self) -> torch.Tensor | None:
-        """The weight's panels, packed on first use (None where its shape has none)."""
-        if not self._packed:
+        """The weight's panels, packed on first use (None without, or where its shape has none)."""
+        if self.uses_panels and not self._packed:
             self._panels, self._packed = pack_panels(self.weight.detach()), True
         return self._panels
 
@@ -174,8 +175,9 @@ def _fits(linear: torch.nn.Linear, width: int) -> bool:
     )
 
 
-def use_row_kernel(model: torch.nn.Module) -> bool:
-    """Swap every linear layer of a float32 CPU model the kernel can run for a `RowLinear`.
+def use_row_kernel(model: torch.nn.Module, panels: bool = True) -> bool:
+    """Swap every linear layer of a float32 CPU model the kernel can run for a `RowLinear`
+    (over packed panels, or over the weights' own rows with `panels=False`).
 
     False (nothing changed) where the kernel is unavailable or does not apply.
     """
@@ -190,5 +192,5 @@ def use_row_kernel(model: torch.nn.Module) -> bool:
         if type(child) is torch.nn.Linear and _fits(child, width)
     ]
     for parent, name, child in swaps:
-        setattr(parent, name, RowLinear(child))
+        setattr(parent, name, RowLinear(child, panels))
     return bool(swaps)

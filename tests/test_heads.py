@@ -381,7 +381,8 @@ def test_the_shipped_head_is_lossless_on_smollm2(smol):
         expected = autoregressive_generate(smol.model, ids, max_new_tokens=32).token_ids
         for k in (2, 8):
             draft = build_draft("head", smol)
-            assert isinstance(draft.head.lm_head, RowLinear) == smol.row_kernel  # the target's products
+            assert isinstance(draft.head.lm_head, RowLinear) == smol.row_kernel  # the target's kernel
+            assert not getattr(draft.head.lm_head, "uses_panels", False)  # one row at a time: its own rows
             trace = speculative_generate(smol.model, ids, draft, make_policy("fixed", k), max_new_tokens=32)
             assert trace.output.token_ids == expected, f"k={k}"
             accepted += trace.totals.accepted

@@ -20,9 +20,10 @@ extern "C" void rowlinear_panels(const float* x, const float* panels, const floa
 
 // w [N, K] into panels [N * K] as rows.h lays them out.
 extern "C" void pack_panels(const float* w, float* panels, int64_t K, int64_t N) {
+  const int64_t columns = panel_columns(N);
 #pragma omp parallel for schedule(static)
-  for (int64_t n0 = 0; n0 < N; n0 += kPanel) {
-    const int64_t width = std::min<int64_t>(kPanel, N - n0);
+  for (int64_t n0 = 0; n0 < N; n0 += columns) {
+    const int64_t width = std::min(columns, N - n0);
     for (int64_t k = 0; k < K; k++)
       for (int64_t c = 0; c < width; c++) panels[n0 * K + k * width + c] = w[(n0 + c) * K + k];
   }

@@ -125,8 +125,8 @@ static inline void linear_rows(const float* x, const float* w, const float* b, c
 // Past 6 rows the blocks above are bound by the cores' arithmetic (about 70%
 // of it: a dot product per output ends in a horizontal sum, and an input
 // row is reloaded for every block of weight rows). Here the weights are
-// packed in panels of up to kPanel output columns, panel p holding
-// w[p * kPanel + c][k] at (p * K + k) * width + c, so one vector of weights
+// packed in panels of up to 4 vectors of output columns, the panel from
+// column n0 holding w[n0 + c][k] at n0 * K + k * width + c, so one vector of weights
 // meets one broadcast input value; each y[m][n] is one accumulator summed
 // over k in order, whatever the rows, the tile or the panel (so, again, a
 // token's results do not depend on the batch). K goes in chunks of kChunk
@@ -134,8 +134,17 @@ static inline void linear_rows(const float* x, const float* w, const float* b, c
 // are prefetched, spread over all the tiles' steps, so memory streams evenly
 // instead of in bursts during the first tile.
 
-static const int kPanelVectors = 4;
-static const int kPanel = kPanelVectors * kWidth;
+static const int kPanelVectors = 4;  // at most
+
+// Columns per panel for N outputs: 4 vectors, or 3 where 4 would leave an odd
+// number of panels under 16 (SmolLM2's 576 outputs: 12 panels, not 9), so
+// two threads get equal shares; a last panel may be narrower. Which panel a
+// column sits in does not change its sum.
+static inline int64_t panel_columns(int64_t N) {
+  const int64_t wide = kPanelVectors * kWidth, narrow = (kPanelVectors - 1) * kWidth;
+  const int64_t panels = (N + wide - 1) / wide;
+  return panels % 2 == 1 && panels < 16 && N % narrow == 0 ? narrow : wide;
+}
 #if defined(__AVX512F__)
 static const int kTileRows = 6;  // 24 accumulators of 32 registers
 #else
@@ -217,10 +226,10 @@ static void panel_rows(const float* x, const float* p, const float* b, const flo
 // y = x w^T (+ b) (+ r) from w's panels (pack_panels); N a multiple of kWidth. Orphaned, as linear_rows.
 static inline void linear_panels(const float* x, const float* panels, const float* b, const float* r, float* y,
                                  int64_t M, int64_t K, int64_t N) {
-  const int64_t full = N / kPanel, group = kTiles * kTileRows;
+  const int64_t columns = panel_columns(N), count = (N + columns - 1) / columns, group = kTiles * kTileRows;
 #pragma omp for schedule(static)
-  for (int64_t pn = 0; pn <= full; pn++) {
-    const int64_t n0 = pn * kPanel, width = std::min<int64_t>(kPanel, N - n0) / kWidth;
+  for (int64_t pn = 0; pn < count; pn++) {
+    const int64_t n0 = pn * columns, width = std::min(columns, N - n0) / kWidth;
     const float* p = panels + n0 * K;
     for (int64_t m0 = 0; m0 < M; m0 += group) {
       const int64_t rows = std::min(group, M - m0);
