@@ -3,11 +3,11 @@
 A small model's step on a CPU is bound by streaming its weights, and checking
 k+1 tokens reads the same weights as checking one. Through MKL (`F.linear`)
 SmolLM2-135M's linear layers take about twice as long for 5 rows as for 1;
-`kernels/rows.h` reads each block of weight rows once for all the
-rows, so 1 to 5 rows cost about the same (`python -m decoding probe`). Each layer packs a
-copy of its weight into panels (`kernels/rows.h`) the first time it runs, so
-that 9 or 17 rows also run near the cores' arithmetic: the kernel costs a
-second copy of the weights in memory.
+`kernels/rows.h` reads the weights once for all the rows, so 1 to 9 rows
+cost about the same (`python -m decoding probe`). Each layer packs a copy of
+its weight into panels the first time it runs, so that 9 or 17 rows also run
+near the cores' arithmetic: the kernel costs a second copy of the weights in
+memory.
 
 Its sums do not depend on the batch: a token's outputs are the same bits
 whether it is checked alone or with k others, so plain decoding and

@@ -39,8 +39,6 @@ static void rmsnorm_row(const float* x, const float* w, float* y, int64_t D, flo
 }
 
 #if defined(__AVX512F__)
-static inline vec vset(float a) { return _mm512_set1_ps(a); }
-static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
@@ -54,8 +52,6 @@ static inline vec vzero_below(vec x, float lo, vec y) {
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, vset(lo), _CMP_GE_OQ), y);
 }
 #else
-static inline vec vset(float a) { return _mm256_set1_ps(a); }
-static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
 static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }

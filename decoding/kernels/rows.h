@@ -33,8 +33,8 @@ static const int kWidth = 16;
 static inline vec vzero() { return _mm512_setzero_ps(); }
 static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
-static inline vec vset1(float a) { return _mm512_set1_ps(a); }
-static inline void vput(float* p, vec a) { _mm512_storeu_ps(p, a); }
+static inline vec vset(float a) { return _mm512_set1_ps(a); }
+static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
 static inline __m256 vhalf(vec a) {
   __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
   return _mm256_add_ps(_mm512_castps512_ps256(a), hi);
@@ -45,8 +45,8 @@ static const int kWidth = 8;
 static inline vec vzero() { return _mm256_setzero_ps(); }
 static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
-static inline vec vset1(float a) { return _mm256_set1_ps(a); }
-static inline void vput(float* p, vec a) { _mm256_storeu_ps(p, a); }
+static inline vec vset(float a) { return _mm256_set1_ps(a); }
+static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
 static inline __m256 vhalf(vec a) { return a; }
 #endif
 
@@ -126,8 +126,8 @@ static inline void linear_rows(const float* x, const float* w, const float* b, c
 // of it: a dot product per output ends in a horizontal sum, and an input
 // row is reloaded for every block of weight rows). Here the weights are
 // packed in panels of up to 4 vectors of output columns, the panel from
-// column n0 holding w[n0 + c][k] at n0 * K + k * width + c, so one vector of weights
-// meets one broadcast input value; each y[m][n] is one accumulator summed
+// column n0 holding w[n0 + c][k] at n0 * K + k * width + c, so one vector
+// of weights meets one broadcast input value; each y[m][n] is one accumulator summed
 // over k in order, whatever the rows, the tile or the panel (so, again, a
 // token's results do not depend on the batch). K goes in chunks of kChunk
 // steps: a chunk serves every tile of rows from L1 while the chunks after it
@@ -171,7 +171,7 @@ static inline void panel_tile(const float* x, const float* p, vec* buf, int64_t 
       for (int v = 0; v < V; v++) _mm_prefetch((const char*)(pk + (kAhead * kChunk * V + v) * kWidth), _MM_HINT_T1);
     if (--turn < 0) turn = tiles - 1;
     for (int i = 0; i < R; i++) {
-      const vec xv = vset1(x[i * K + k]);
+      const vec xv = vset(x[i * K + k]);
       for (int v = 0; v < V; v++) acc[i][v] = vfma(xv, wv[v], acc[i][v]);
     }
   }
@@ -212,7 +212,7 @@ static void panel_rows(const float* x, const float* p, const float* b, const flo
     for (int64_t m = t * kTileRows; m < M && m < (t + 1) * kTileRows; m++)
       for (int v = 0; v < V; v++) {
         float out[kWidth];
-        vput(out, buf[t][(m - t * kTileRows) * kPanelVectors + v]);
+        vstore(out, buf[t][(m - t * kTileRows) * kPanelVectors + v]);
         for (int c = 0; c < kWidth; c++) {
           const int64_t n = n0 + v * kWidth + c;
           float s = out[c];
