@@ -42,6 +42,7 @@ static void rmsnorm_row(const float* x, const float* w, float* y, int64_t D, flo
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
 static inline vec vclamp(vec a, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(a, vset(lo)), vset(hi)); }
 static inline vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
@@ -55,6 +56,7 @@ static inline vec vzero_below(vec x, float lo, vec y) {
 static inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
 static inline vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
 static inline vec vclamp(vec a, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(a, vset(lo)), vset(hi)); }
 static inline vec vfloor(vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
@@ -131,6 +133,18 @@ struct Mask {
   const void* data;
   int64_t row_stride;
 };
+
+// The largest of x[0..n) (-inf for none); a maximum has one value whatever the order.
+static float max_of(const float* x, int64_t n) {
+  vec top = vset(-INFINITY);
+  int64_t j = 0;
+  for (; j + kWidth <= n; j += kWidth) top = vmax(top, vload(x + j));
+  float lanes[kWidth], m = -INFINITY;
+  vstore(lanes, top);
+  for (float v : lanes) m = v > m ? v : m;
+  for (; j < n; j++) m = x[j] > m ? x[j] : m;
+  return m;
+}
 
 // Keys and values are prefetched this many rows ahead: a long context's cache
 // comes from memory, which at 1,500 cached tokens doubled a one-token
@@ -224,11 +238,9 @@ static void attend_heads(const float* q, int64_t q_head, const float* k, int64_t
   float top[G], total[G];
   for (int h = 0; h < G; h++) {
     scores_row(q + h * q_head, k, k_stride, d, scale, seen, allowed, add, scores + h * L);
-    top[h] = -INFINITY;
+    top[h] = max_of(scores + h * L, seen);
     total[h] = 0.f;
   }
-  for (int64_t j = 0; j < seen; j++)
-    for (int h = 0; h < G; h++) top[h] = std::fmax(top[h], scores[h * L + j]);
   for (int h = 0; h < G; h++)
     each_vector(seen, [&](int64_t j, int64_t count) {
       float* at = scores + h * L + j;
@@ -261,6 +273,17 @@ static void attend_heads(const float* q, int64_t q_head, const float* k, int64_t
     for (int64_t t = 0; t < d; t++) out[h * d + t] /= total[h];
 }
 
+// Scratch space of the calling thread for one use, at least n floats, kept
+// between calls: a layer's buffers came fresh from malloc each time, zeroed,
+// and those over 128 KB (9 rows' worth) mapped anew, page faults and all.
+enum Scratch { kLayerRows, kScores, kUses };
+static float* scratch(Scratch use, int64_t n) {
+  thread_local std::vector<float> buffers[kUses];
+  std::vector<float>& buffer = buffers[use];
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  return buffer.data();
+}
+
 struct Attention {
   const float* q;  // row r, head h at q + r * q_row + h * q_head
   int64_t q_row, q_head;
@@ -280,7 +303,7 @@ static void attention_rows(const Attention& a) {
   const int64_t group = a.heads / a.kv_heads, past = a.L - a.n;
   const int64_t together = std::min<int64_t>(group, kHeadsTogether);
   const int64_t parts = (group + together - 1) / together;  // tasks per row and key/value head
-  std::vector<float> scores(together * a.L);
+  float* scores = scratch(kScores, together * a.L);
   // Key/value head major: the tasks that read one head's keys and values run
   // one after another on a thread, so after the first they come from cache.
 #pragma omp for schedule(static)
@@ -293,7 +316,7 @@ static void attention_rows(const Attention& a) {
 #define SPECLENS_ATTEND(G)                                                                                   \
   case G:                                                                                                     \
     attend_heads<G>(q, a.q_head, k, a.k_stride, v, a.v_stride, out, a.L, a.d, a.scale, r, past, a.mask, \
-                    scores.data());                                                                           \
+                    scores);                                                                           \
     break;
       SPECLENS_ATTEND(1)
       SPECLENS_ATTEND(2)
@@ -325,15 +348,16 @@ struct Step {
 extern "C" void llama_layer(const Layer* l, const Step* s) {
   const int64_t n = s->n, D = l->hidden, d = l->head_dim, I = l->intermediate;
   const int64_t Q = l->heads * d, KV = l->kv_heads * d, QKV = Q + 2 * KV;
-  std::vector<float> normed(n * D), qkv(n * QKV), attended(n * Q), gate_up(n * 2 * I), act(n * I);
+  float* normed = scratch(kLayerRows, n * (D + QKV + Q + 3 * I));
+  float *qkv = normed + n * D, *attended = qkv + n * QKV, *gate_up = attended + n * Q, *act = gate_up + n * 2 * I;
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->in + r * D, l->input_norm, normed.data() + r * D, D, l->eps);
-    product(normed.data(), l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv.data(), n, D, QKV);
+    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->in + r * D, l->input_norm, normed + r * D, D, l->eps);
+    product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, D, QKV);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) {
-      float* row = qkv.data() + r * QKV;
+      float* row = qkv + r * QKV;
       const float *cos = s->cos + r * d, *sin = s->sin + r * d;
       for (int64_t h = 0; h < l->heads; h++) rope(row + h * d, cos, sin, d);
       for (int64_t g = 0; g < l->kv_heads; g++) {
@@ -345,15 +369,15 @@ extern "C" void llama_layer(const Layer* l, const Step* s) {
       }
     }
     const int64_t cache_head = s->capacity * d;
-    attention_rows({qkv.data(), QKV, d, s->k_cache, cache_head, d, s->v_cache, cache_head, d, attended.data(),
+    attention_rows({qkv, QKV, d, s->k_cache, cache_head, d, s->v_cache, cache_head, d, attended,
                     n, s->past + n, l->heads, l->kv_heads, d, l->scale, s->mask});
-    product(attended.data(), l->o, l->o_panels, l->o_bias, s->in, s->out, n, Q, D);
+    product(attended, l->o, l->o_panels, l->o_bias, s->in, s->out, n, Q, D);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->out + r * D, l->post_norm, normed.data() + r * D, D, l->eps);
-    product(normed.data(), l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up.data(), n, D, 2 * I);
+    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->out + r * D, l->post_norm, normed + r * D, D, l->eps);
+    product(normed, l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up, n, D, 2 * I);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; r++) silu_mul(gate_up.data() + r * 2 * I, gate_up.data() + r * 2 * I + I, act.data() + r * I, I);
-    product(act.data(), l->down, l->down_panels, l->down_bias, s->out, s->out, n, I, D);
+    for (int64_t r = 0; r < n; r++) silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, act + r * I, I);
+    product(act, l->down, l->down_panels, l->down_bias, s->out, s->out, n, I, D);
   }
 }
 
