@@ -168,16 +168,21 @@ static inline __m512 vsum16(const __m512* a) {
   return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
 }
 
-// dot(q, k_j) for 16 keys from j, each with dot()'s bits.
-static inline void dots16(const float* q, const float* k, int64_t k_stride, int64_t d, float* out) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < d; t += 16) {
-    const __m512 qv = _mm512_loadu_ps(q + t);
-    for (int i = 0; i < 16; i++) {
-      acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(k + i * k_stride + t), qv, acc[i]);
-      _mm_prefetch((const char*)(k + (i + kKeysAhead) * k_stride + t), _MM_HINT_T1);  // past the end: harmless
+// dot(q, k_j) for 16 keys from j, each with dot()'s bits: a key at a time,
+// its row's D vectors in order, q's held in registers (with the 16 keys'
+// loads interleaved, the compiler ran out of registers for their addresses).
+template <int D>
+static inline void dots16(const float* q, const float* k, int64_t k_stride, float* out) {
+  __m512 qv[D], acc[16];
+  for (int t = 0; t < D; t++) qv[t] = _mm512_loadu_ps(q + 16 * t);
+  for (int i = 0; i < 16; i++) {
+    const float* key = k + i * k_stride;
+    __m512 a = _mm512_setzero_ps();
+    for (int t = 0; t < D; t++) {
+      a = _mm512_fmadd_ps(_mm512_loadu_ps(key + 16 * t), qv[t], a);
+      _mm_prefetch((const char*)(key + kKeysAhead * k_stride + 16 * t), _MM_HINT_T1);  // past the end: harmless
     }
+    acc[i] = a;
   }
   float sums[16];
   _mm512_storeu_ps(sums, vsum16(acc));
@@ -191,8 +196,20 @@ static void scores_row(const float* q, const float* k, int64_t k_stride, int64_t
                        const uint8_t* allowed, const float* add, float* scores) {
   int64_t j = 0;
 #if defined(__AVX512F__)
-  if (d % 16 == 0)
-    for (; j + 16 <= seen; j += 16) dots16(q, k + j * k_stride, k_stride, d, scores + j);
+  switch (d) {  // 64 and 128 are the common sizes; 16 and 32, the tests' tiny models'
+    case 16:
+      for (; j + 16 <= seen; j += 16) dots16<1>(q, k + j * k_stride, k_stride, scores + j);
+      break;
+    case 32:
+      for (; j + 16 <= seen; j += 16) dots16<2>(q, k + j * k_stride, k_stride, scores + j);
+      break;
+    case 64:
+      for (; j + 16 <= seen; j += 16) dots16<4>(q, k + j * k_stride, k_stride, scores + j);
+      break;
+    case 128:
+      for (; j + 16 <= seen; j += 16) dots16<8>(q, k + j * k_stride, k_stride, scores + j);
+      break;
+  }
 #endif
   for (; j < seen; j++) scores[j] = dot(q, k + j * k_stride, d);
   for (j = 0; j < seen; j++) {
