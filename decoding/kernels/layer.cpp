@@ -367,11 +367,12 @@ extern "C" void llama_layer(const Layer* l, const Step* s) {
   const int64_t Q = l->heads * d, KV = l->kv_heads * d, QKV = Q + 2 * KV;
   float* normed = scratch(kLayerRows, n * (D + QKV + Q + 3 * I));
   float *qkv = normed + n * D, *attended = qkv + n * QKV, *gate_up = attended + n * Q, *act = gate_up + n * 2 * I;
+  std::vector<Share> shares(omp_get_max_threads());
 #pragma omp parallel
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) rmsnorm_row(s->in + r * D, l->input_norm, normed + r * D, D, l->eps);
-    product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, D, QKV);
+    product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, D, QKV, shares.data(), 1);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) {
       float* row = qkv + r * QKV;
@@ -388,13 +389,13 @@ extern "C" void llama_layer(const Layer* l, const Step* s) {
     const int64_t cache_head = s->capacity * d;
     attention_rows({qkv, QKV, d, s->k_cache, cache_head, d, s->v_cache, cache_head, d, attended,
                     n, s->past + n, l->heads, l->kv_heads, d, l->scale, s->mask});
-    product(attended, l->o, l->o_panels, l->o_bias, s->in, s->out, n, Q, D);
+    product(attended, l->o, l->o_panels, l->o_bias, s->in, s->out, n, Q, D, shares.data(), 2);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) rmsnorm_row(s->out + r * D, l->post_norm, normed + r * D, D, l->eps);
-    product(normed, l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up, n, D, 2 * I);
+    product(normed, l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up, n, D, 2 * I, shares.data(), 3);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, act + r * I, I);
-    product(act, l->down, l->down_panels, l->down_bias, s->out, s->out, n, I, D);
+    product(act, l->down, l->down_panels, l->down_bias, s->out, s->out, n, I, D, shares.data(), 4);
   }
 }
 

@@ -1,5 +1,7 @@
 // The linear layers' product for a handful of rows (rows.h has the why and
 // the how); decoding/rowlinear.py calls it for every float32 linear layer.
+#include <vector>
+
 #include "rows.h"
 
 extern "C" int rowlinear_width() { return kWidth; }
@@ -14,8 +16,9 @@ extern "C" void rowlinear(const float* x, const float* w, const float* b, float*
 // The same product from w's panels (pack_panels); N also a multiple of the width.
 extern "C" void rowlinear_panels(const float* x, const float* panels, const float* b, float* y, int64_t M,
                                  int64_t K, int64_t N) {
+  std::vector<Share> shares(omp_get_max_threads());
 #pragma omp parallel
-  linear_panels(x, panels, b, nullptr, y, M, K, N);
+  linear_panels(x, panels, b, nullptr, y, M, K, N, shares.data(), 1);
 }
 
 // w [N, K] into panels [N * K] as rows.h lays them out.
