@@ -6,8 +6,9 @@ plumbing, a KV cache that concatenates every layer's keys on every step, and
 some twenty small torch ops per layer. This pass runs over a cache written
 in place (`StepCache`), in one of two ways:
 
-- the default CPU mode (float32, SpecLens's kernel built): each decoder layer
-  is one call of `kernels/layer.cpp`. `use_layer_kernel` swaps the model's
+- the default CPU mode (float32, SpecLens's kernel built): the decoder layers
+  are one call of `kernels/layer.cpp` (split only where a layer has hooks,
+  which see its input). `use_layer_kernel` swaps the model's
   norms, SiLU and attention for the same C++ functions, so the model's own
   forward (Hugging Face's `generate`, the tests' reference) computes the
   same bits. A prompt with nothing cached takes the loop below, and the
@@ -65,7 +66,8 @@ def use_layer_kernel(model: torch.nn.Module) -> bool:
         layer.input_layernorm = KernelRMSNorm(layer.input_layernorm)
         layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm)
         layer.mlp.act_fn = KernelSiLU()
-        layer.kernel_weights = _layer_weights(layer, config)
+    layers = model.model.layers
+    model.model.kernel_layers = (_Layer * len(layers))(*(_layer_weights(layer, config) for layer in layers))
     return True
 
 
@@ -136,11 +138,14 @@ class _Layer(ctypes.Structure):
     ]  # fmt: skip
 
 
+class _LayerCacheView(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("capacity", _i64)]
+
+
 class _Step(ctypes.Structure):
     _fields_ = [
         ("input", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", _i64), ("past", _i64),
-        ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
-        ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("capacity", _i64), ("mask", _Mask),
+        ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("mask", _Mask),
     ]  # fmt: skip
 
 
@@ -269,6 +274,18 @@ class StepCache:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.layers = [_LayerCache() for _ in model.model.layers]
+        self._where: tuple = ()
+        self._view: ctypes.Array | None = None
+
+    def kernel_view(self, end: int, like: torch.Tensor) -> ctypes.Array:
+        """Room for `end` tokens in every layer, and where the layer kernel finds each layer's keys and values."""
+        for layer in self.layers:
+            layer.reserve(end, like)
+        where = tuple((layer.k.data_ptr(), layer.v.data_ptr(), layer.k.shape[2]) for layer in self.layers)
+        if where != self._where:  # a buffer grew
+            self._where = where
+            self._view = (_LayerCacheView * len(where))(*(_LayerCacheView(*w) for w in where))
+        return self._view
 
     def get_seq_length(self) -> int:
         return self.layers[0].length
@@ -350,7 +367,7 @@ def forward(
     if position_ids is None:
         position_ids = torch.arange(past, past + n, device=ids.device)[None]
     position = inner.rotary_emb(hidden, position_ids)
-    if hasattr(inner.layers[0], "kernel_weights") and not _prompt_alone(past, n):
+    if hasattr(inner, "kernel_layers") and not _prompt_alone(past, n):
         hidden = _kernel_layers(inner, hidden, position, cache, past, mask)
     else:
         hidden = _module_layers(inner, hidden, position, cache, past, mask)
@@ -368,22 +385,27 @@ def _prompt_alone(past: int, n: int) -> bool:
 
 def _kernel_layers(inner, hidden, position, cache: StepCache, past: int, mask) -> torch.Tensor:
     n = hidden.shape[1]
-    attn = inner.layers[0].self_attn
     cos, sin = (t[0].contiguous() for t in position)
-    keys_like = hidden.new_empty(1, inner.config.num_key_value_heads, 0, attn.head_dim)
+    keys_like = hidden.new_empty(1, inner.config.num_key_value_heads, 0, inner.layers[0].self_attn.head_dim)
+    views = cache.kernel_view(past + n, keys_like)
     rows, _held = _mask(mask)
-    for layer, layer_cache in zip(inner.layers, cache.layers, strict=True):
-        if layer._forward_pre_hooks:
-            _run_pre_hooks(layer, hidden)
-        layer_cache.reserve(past + n, keys_like)
-        out = torch.empty_like(hidden)  # not in place: a hook may keep the layer's input
-        step = _Step(
-            hidden.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(),
-            layer_cache.k.data_ptr(), layer_cache.v.data_ptr(), layer_cache.k.shape[2], rows,
-        )  # fmt: skip
-        library().llama_layer(ctypes.byref(layer.kernel_weights), ctypes.byref(step))
+    # One kernel call for the layers between two that have hooks (a draft head's
+    # feature taps), which see their layer's input as in the model's own forward.
+    hooked = [i for i, layer in enumerate(inner.layers) if layer._forward_pre_hooks]
+    first = 0
+    for stop in (*hooked, len(inner.layers)):
+        if stop > first:
+            out = torch.empty_like(hidden)  # not in place: a hook may keep the input
+            step = _Step(hidden.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(), rows)
+            layers = ctypes.byref(inner.kernel_layers, first * ctypes.sizeof(_Layer))
+            views_from = ctypes.byref(views, first * ctypes.sizeof(_LayerCacheView))
+            library().llama_layers(layers, views_from, stop - first, ctypes.byref(step))
+            hidden = out
+        if stop < len(inner.layers):
+            _run_pre_hooks(inner.layers[stop], hidden)
+        first = stop
+    for layer_cache in cache.layers:
         layer_cache.length = past + n
-        hidden = out
     return hidden
 
 

@@ -91,7 +91,7 @@ def library() -> ctypes.CDLL | None:
         "rmsnorm": [ptr] * 3 + [i64] * 2 + [ctypes.c_float],
         "silu_rows": [ptr, ptr, i64],
         "attention": [ptr],
-        "llama_layer": [ptr, ptr],
+        "llama_layers": [ptr, ptr, i64, ptr],
     }.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = None

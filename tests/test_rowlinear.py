@@ -150,15 +150,28 @@ def test_the_lean_pass_takes_a_trees_positions_and_mask(make):
 
 @pytest.mark.parametrize("make", _tiny_models())
 def test_layer_hooks_see_each_layers_input_in_the_lean_pass(make):
+    """In a prompt and in the steps after it (where the kernel runs the layers between hooked
+    ones in one call), a hooked layer sees the input the model's own forward gives it."""
     model = make()
-    seen: dict[int, list[torch.Tensor]] = {}
-    for i in (0, 2):
+    seen: dict[int, list[torch.Tensor]] = {0: [], 2: []}
+    for i in seen:
         model.model.layers[i].register_forward_pre_hook(
-            lambda module, args, kwargs, i=i: seen.setdefault(i, []).append(args[0][0]), with_kwargs=True
+            lambda module, args, kwargs, i=i: seen[i].append(args[0][0].clone()), with_kwargs=True
         )
-    forward(model, torch.tensor([[1, 2, 3]]), new_cache(model))
-    assert [t.shape for t in seen[0]] == [torch.Size([3, model.config.hidden_size])] and len(seen[2]) == 1
-    torch.testing.assert_close(seen[0][0], model.model.embed_tokens(torch.tensor([1, 2, 3])))
+    steps = [torch.tensor([[1, 2, 3]]), torch.tensor([[4]]), torch.tensor([[5, 6]])]
+    cache = new_cache(model)
+    for ids in steps:
+        forward(model, ids, cache)
+    lean = {i: seen[i][:] for i in seen}
+    torch.testing.assert_close(lean[0][0], model.model.embed_tokens(steps[0][0]))
+    for inputs in seen.values():
+        inputs.clear()
+    theirs = DynamicCache(config=model.config)
+    for ids in steps:
+        _hf_logits(model, ids, theirs)
+    for i in seen:
+        assert len(lean[i]) == len(seen[i]) == 3
+        assert all(torch.equal(a, b) for a, b in zip(lean[i], seen[i], strict=True))
 
 
 @needs_kernel

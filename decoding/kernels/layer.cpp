@@ -1,13 +1,13 @@
-// One Llama decoder layer for a few rows, in one parallel region: SpecLens's
+// Llama decoder layers for a few rows, in one parallel region: SpecLens's
 // default CPU step (decoding/llama.py).
 //
 // Why in C++: with the products at the memory limit (rows.h), what is left
 // of a small model's step is everything around them. Run from Python, a
 // step's ~600 small torch ops (norms, rotary embedding, attention, residual
 // adds, SiLU) took a quarter of the step, and the products slowed beside
-// them. Here a layer is one call: its threads stay in one region from the
-// first norm to the last residual, and the small ops work on rows still in
-// cache.
+// them. Here the layers are one call: its threads stay in one region from
+// the first layer's norm to the last layer's residual, and the small ops
+// work on rows still in cache.
 //
 // Every row is computed on its own, in a fixed order, whatever else is in
 // the batch, as the products are: a token checked with k others gets the
@@ -16,6 +16,7 @@
 // in), so Hugging Face's forward of the same model computes these bits too.
 // Built with -ffp-contract=off: the rotary embedding and the residual adds
 // then round as torch's elementwise ops do.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -352,51 +353,76 @@ struct Layer {
   float eps, scale;
 };
 
+// Where a layer keeps its keys and values: [kv_heads, capacity, head_dim].
+struct LayerCache {
+  float *k, *v;
+  int64_t capacity;
+};
+
+// The rows a run of layers takes, after `past` cached ones.
 struct Step {
   const float* in;  // [n, hidden]
-  float* out;       // [n, hidden]
+  float* out;       // [n, hidden]: each layer's output in turn, in place
   int64_t n, past;
   const float *cos, *sin;  // [n, head_dim]
-  float *k_cache, *v_cache;  // [kv_heads, capacity, head_dim], written at past..past+n
-  int64_t capacity;
   Mask mask;
 };
 
-extern "C" void llama_layer(const Layer* l, const Step* s) {
-  const int64_t n = s->n, D = l->hidden, d = l->head_dim, I = l->intermediate;
+// A layer's intermediate rows: normed [n, D], qkv [n, QKV], attended [n, Q], gate_up [n, 2I], act [n, I].
+static int64_t buffer_floats(const Layer* l, int64_t n) {
+  const int64_t d = l->head_dim, Q = l->heads * d, QKV = Q + 2 * l->kv_heads * d;
+  return n * (l->hidden + QKV + Q + 3 * l->intermediate);
+}
+
+// Layer l over the rows x (its input, replaced by its output: each row of the
+// residual is read before its sum is written) inside a parallel region; its
+// products are numbered from `number` among the region's.
+static void layer_rows(const Layer* l, const LayerCache& c, const Step& s, float* x, float* buffers, Share* shares,
+                       uint64_t number) {
+  const int64_t n = s.n, D = l->hidden, d = l->head_dim, I = l->intermediate;
   const int64_t Q = l->heads * d, KV = l->kv_heads * d, QKV = Q + 2 * KV;
-  float* normed = scratch(kLayerRows, n * (D + QKV + Q + 3 * I));
-  float *qkv = normed + n * D, *attended = qkv + n * QKV, *gate_up = attended + n * Q, *act = gate_up + n * 2 * I;
-  std::vector<Share> shares(omp_get_max_threads());
-#pragma omp parallel
-  {
+  float *normed = buffers, *qkv = normed + n * D, *attended = qkv + n * QKV, *gate_up = attended + n * Q,
+        *act = gate_up + n * 2 * I;
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->in + r * D, l->input_norm, normed + r * D, D, l->eps);
-    product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, D, QKV, shares.data(), 1);
+  for (int64_t r = 0; r < n; r++) rmsnorm_row(x + r * D, l->input_norm, normed + r * D, D, l->eps);
+  product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, D, QKV, shares, number);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; r++) {
-      float* row = qkv + r * QKV;
-      const float *cos = s->cos + r * d, *sin = s->sin + r * d;
-      for (int64_t h = 0; h < l->heads; h++) rope(row + h * d, cos, sin, d);
-      for (int64_t g = 0; g < l->kv_heads; g++) {
-        float* key = row + Q + g * d;
-        const float* value = row + Q + KV + g * d;
-        rope(key, cos, sin, d);
-        const int64_t at = (g * s->capacity + s->past + r) * d;
-        for (int64_t t = 0; t < d; t++) s->k_cache[at + t] = key[t], s->v_cache[at + t] = value[t];
-      }
+  for (int64_t r = 0; r < n; r++) {
+    float* row = qkv + r * QKV;
+    const float *cos = s.cos + r * d, *sin = s.sin + r * d;
+    for (int64_t h = 0; h < l->heads; h++) rope(row + h * d, cos, sin, d);
+    for (int64_t g = 0; g < l->kv_heads; g++) {
+      float* key = row + Q + g * d;
+      const float* value = row + Q + KV + g * d;
+      rope(key, cos, sin, d);
+      const int64_t at = (g * c.capacity + s.past + r) * d;
+      for (int64_t t = 0; t < d; t++) c.k[at + t] = key[t], c.v[at + t] = value[t];
     }
-    const int64_t cache_head = s->capacity * d;
-    attention_rows({qkv, QKV, d, s->k_cache, cache_head, d, s->v_cache, cache_head, d, attended,
-                    n, s->past + n, l->heads, l->kv_heads, d, l->scale, s->mask});
-    product(attended, l->o, l->o_panels, l->o_bias, s->in, s->out, n, Q, D, shares.data(), 2);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; r++) rmsnorm_row(s->out + r * D, l->post_norm, normed + r * D, D, l->eps);
-    product(normed, l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up, n, D, 2 * I, shares.data(), 3);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; r++) silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, act + r * I, I);
-    product(act, l->down, l->down_panels, l->down_bias, s->out, s->out, n, I, D, shares.data(), 4);
   }
+  const int64_t cache_head = c.capacity * d;
+  attention_rows({qkv, QKV, d, c.k, cache_head, d, c.v, cache_head, d, attended, n, s.past + n, l->heads,
+                  l->kv_heads, d, l->scale, s.mask});
+  product(attended, l->o, l->o_panels, l->o_bias, x, x, n, Q, D, shares, number + 1);
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < n; r++) rmsnorm_row(x + r * D, l->post_norm, normed + r * D, D, l->eps);
+  product(normed, l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up, n, D, 2 * I, shares,
+          number + 2);
+#pragma omp for schedule(static)
+  for (int64_t r = 0; r < n; r++) silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, act + r * I, I);
+  product(act, l->down, l->down_panels, l->down_bias, x, x, n, I, D, shares, number + 3);
+}
+
+// `count` consecutive layers over the step's rows in one parallel region: the
+// threads go from layer to layer without returning to Python, which cost
+// about 10 microseconds a layer.
+extern "C" void llama_layers(const Layer* layers, const LayerCache* caches, int64_t count, const Step* s) {
+  int64_t floats = 0;
+  for (int64_t i = 0; i < count; i++) floats = std::max(floats, buffer_floats(&layers[i], s->n));
+  float* buffers = scratch(kLayerRows, floats);
+  std::vector<Share> shares(omp_get_max_threads());
+  if (count > 0 && s->out != s->in) std::copy(s->in, s->in + s->n * layers[0].hidden, s->out);
+#pragma omp parallel
+  for (int64_t i = 0; i < count; i++) layer_rows(&layers[i], caches[i], *s, s->out, buffers, shares.data(), 4 * i + 1);
 }
 
 // The same pieces for the model's own modules (llama.py).

@@ -257,24 +257,24 @@ static inline void panel(const float* x, const float* panels, const float* b, co
 // each panel is claimed once and a share not yet set out is waited for.
 // Which thread computes a panel does not change its bits.
 struct alignas(64) Share {
-  std::atomic<uint64_t> word{0};  // product << 56 | front << 28 | back; product 0: not set out yet
+  std::atomic<uint64_t> word{0};  // product << 40 | front << 20 | back; product 0: not set out yet
 };
 
 static inline uint64_t share_word(uint64_t product, uint64_t front, uint64_t back) {
-  return product << 56 | front << 28 | back;
+  return product << 40 | front << 20 | back;
 }
 
 // The front panel of share s (its owner's) or the back one (another's) for `product`; -1 once empty.
 static inline int64_t claim(Share& s, uint64_t product, bool front) {
-  const uint64_t mask = (uint64_t{1} << 28) - 1;
+  const uint64_t mask = (uint64_t{1} << 20) - 1;
   uint64_t w = s.word.load(std::memory_order_acquire);
   for (;;) {
-    if (w >> 56 != product) {  // its owner has not reached this product yet
+    if (w >> 40 != product) {  // its owner has not reached this product yet
       _mm_pause();
       w = s.word.load(std::memory_order_acquire);
       continue;
     }
-    const uint64_t f = w >> 28 & mask, b = w & mask;
+    const uint64_t f = w >> 20 & mask, b = w & mask;
     if (f >= b) return -1;
     const uint64_t next = front ? share_word(product, f + 1, b) : share_word(product, f, b - 1);
     if (s.word.compare_exchange_weak(w, next, std::memory_order_acq_rel, std::memory_order_acquire))
