@@ -74,25 +74,31 @@ def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
     return sum(b for b, _ in storages.values()), sum(b // size for b, size in storages.values())
 
 
-def steps_and_bandwidth(model: torch.nn.Module, rows: tuple[int, ...], reps: int = 9) -> tuple[dict, float]:
-    """Median ms of one forward pass over n new tokens after CONTEXT cached ones, for each n, and the
-    bandwidth (GB/s) of the faster streaming read, all timed interleaved: a shared machine's slow
-    minutes fall on every figure alike."""
+def steps_and_bandwidth(
+    model: torch.nn.Module, rows: tuple[int, ...], reps: int = 15
+) -> tuple[dict, list[float]]:
+    """Times (ms) of one forward pass over n new tokens after CONTEXT cached ones, for each n, and the
+    bandwidth (GB/s) of the faster streaming read just before them, rep by rep: a shared machine's
+    memory changes speed within seconds (33 and 57 GB/s in turn on an AMD EPYC), so each rep's steps
+    are set against what memory did then."""
     device = model.get_output_embeddings().weight.device
     cache = new_cache(model)
     forward(model, torch.arange(CONTEXT, device=device).view(1, -1) % 1000 + 10, cache, keep=1)
     reads, nbytes = streaming_reads()
     steps: dict[int, list[float]] = {n: [] for n in rows}
-    streams: list[list[float]] = [[] for _ in reads]
-    for _ in range(reps + 1):  # the first pass of each allocates
-        for read, times in zip(reads, streams):
-            times.append(_ms(read))
+    bandwidths: list[float] = []
+    for rep in range(reps + 1):  # the first pass of each allocates
+        fastest = min(_ms(read) for read in reads)
+        times = {}
         for n in rows:
             ids = torch.arange(n, device=device).view(1, -1) + 20
-            steps[n].append(_ms(lambda ids=ids: _step(model, ids, cache)))
+            times[n] = _ms(lambda ids=ids: _step(model, ids, cache))
             crop(cache, CONTEXT)
-    fastest = min(statistics.median(t[1:]) for t in streams)
-    return {n: statistics.median(t[1:]) for n, t in steps.items()}, nbytes / fastest / 1e6
+        if rep:
+            bandwidths.append(nbytes / fastest / 1e6)
+            for n in rows:
+                steps[n].append(times[n])
+    return steps, bandwidths
 
 
 def _step(model: torch.nn.Module, ids: torch.Tensor, cache) -> None:
@@ -102,10 +108,19 @@ def _step(model: torch.nn.Module, ids: torch.Tensor, cache) -> None:
 
 
 def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
-    """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them."""
+    """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them.
+
+    `step_ms`, `limit_ms` and `bandwidth_gbs` are medians over the reps;
+    `step_over_limit` is the median of each rep's step against that rep's limit.
+    """
     weight_bytes, params = matmul_weights(target.model)
     peak = peak_gflops()
-    steps, bandwidth = steps_and_bandwidth(target.model, rows)
+    steps, bandwidths = steps_and_bandwidth(target.model, rows)
+
+    def limit(n: int, bandwidth: float) -> float:
+        return max(weight_bytes / bandwidth / 1e6, 2 * params * n / peak / 1e6)
+
+    bandwidth = statistics.median(bandwidths)
     result: dict = {
         "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."),
@@ -116,11 +131,13 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
         "bandwidth_gbs": round(bandwidth, 2),
         "peak_gflops": round(peak, 1),
     }
+    one = statistics.median(steps[rows[0]])
     for n in rows:
-        limit = max(weight_bytes / bandwidth / 1e6, 2 * params * n / peak / 1e6)
+        paired = [step / limit(n, b) for step, b in zip(steps[n], bandwidths, strict=True)]
         result[str(n)] = {
-            "step_ms": round(steps[n], 2),
-            "verify_ratio": round(steps[n] / steps[rows[0]], 3),
-            "limit_ms": round(limit, 2),
+            "step_ms": round(statistics.median(steps[n]), 2),
+            "verify_ratio": round(statistics.median(steps[n]) / one, 3),
+            "limit_ms": round(limit(n, bandwidth), 2),
+            "step_over_limit": round(statistics.median(paired), 3),
         }
     return result

@@ -230,8 +230,8 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
     assert data["bandwidth_gbs"] > 0 and data["peak_gflops"] > 0 and data["machine"]
     for n in ("1", "2", "3", "5", "9", "17"):
         row = data[n]
-        assert set(row) == {"step_ms", "verify_ratio", "limit_ms"}
-        assert row["step_ms"] > 0 and row["limit_ms"] > 0
+        assert set(row) == {"step_ms", "verify_ratio", "limit_ms", "step_over_limit"}
+        assert row["step_ms"] > 0 and row["limit_ms"] > 0 and row["step_over_limit"] > 0
         assert row["verify_ratio"] == pytest.approx(row["step_ms"] / data["1"]["step_ms"], rel=0.01)
     # The limit is the larger of streaming the weights and doing the arithmetic.
     assert (
