@@ -147,10 +147,6 @@ static float max_of(const float* x, int64_t n) {
   return m;
 }
 
-// Keys and values are prefetched this many rows ahead: a long context's cache
-// comes from memory, which at 1,500 cached tokens doubled a one-token
-// step's attention.
-static const int kKeysAhead = 64;
 
 #if defined(__AVX512F__)
 // The sums of 16 vectors at once: lane 4 q + l holds the sum of a[q + 4 l].
@@ -179,10 +175,7 @@ static inline void dots16(const float* q, const float* k, int64_t k_stride, floa
   for (int i = 0; i < 16; i++) {
     const float* key = k + i * k_stride;
     __m512 a = _mm512_setzero_ps();
-    for (int t = 0; t < D; t++) {
-      a = _mm512_fmadd_ps(_mm512_loadu_ps(key + 16 * t), qv[t], a);
-      _mm_prefetch((const char*)(key + kKeysAhead * k_stride + 16 * t), _MM_HINT_T1);  // past the end: harmless
-    }
+    for (int t = 0; t < D; t++) a = _mm512_fmadd_ps(_mm512_loadu_ps(key + 16 * t), qv[t], a);
     acc[i] = a;
   }
   float sums[16];
@@ -245,7 +238,9 @@ static void weighted_sum(const float* p, const float* v, int64_t v_stride, int64
 // key masked out weighs exactly 0, so it adds nothing to a sum. The heads
 // go together so that their sums, each a chain of dependent adds, overlap,
 // and each value row is loaded once for all of them: one head at a time
-// took ~6 ns a key on 2 cores, mostly waiting on those chains.
+// took ~6 ns a key on 2 cores, mostly waiting on those chains. Keys and
+// values are left to the hardware's prefetchers: prefetches 64 rows ahead
+// made 30 layers after 1,500 cached tokens 3-7% slower (1 to 9 rows).
 template <int G>
 static void attend_heads(const float* q, int64_t q_head, const float* k, int64_t k_stride, const float* v,
                          int64_t v_stride, float* out, int64_t L, int64_t d, float scale, int64_t row, int64_t past,
@@ -275,7 +270,6 @@ static void attend_heads(const float* q, int64_t q_head, const float* k, int64_t
       vec vj[kParts];
       for (int64_t u = 0; u < kParts; u++) {
         vj[u] = vload(v + j * v_stride + u * kWidth);
-        _mm_prefetch((const char*)(v + (j + kKeysAhead) * v_stride + u * kWidth), _MM_HINT_T1);
       }
       for (int h = 0; h < G; h++) {
         const vec pj = vset(scores[h * L + j]);
