@@ -66,8 +66,7 @@ def use_layer_kernel(model: torch.nn.Module) -> bool:
         layer.input_layernorm = KernelRMSNorm(layer.input_layernorm)
         layer.post_attention_layernorm = KernelRMSNorm(layer.post_attention_layernorm)
         layer.mlp.act_fn = KernelSiLU()
-    layers = model.model.layers
-    model.model.kernel_layers = (_Layer * len(layers))(*(_layer_weights(layer, config) for layer in layers))
+        layer.kernel_weights = _layer_weights(layer, config)
     return True
 
 
@@ -367,7 +366,7 @@ def forward(
     if position_ids is None:
         position_ids = torch.arange(past, past + n, device=ids.device)[None]
     position = inner.rotary_emb(hidden, position_ids)
-    if hasattr(inner, "kernel_layers") and not _prompt_alone(past, n):
+    if hasattr(inner.layers[0], "kernel_weights") and not _prompt_alone(past, n):
         hidden = _kernel_layers(inner, hidden, position, cache, past, mask)
     else:
         hidden = _module_layers(inner, hidden, position, cache, past, mask)
@@ -381,6 +380,17 @@ def _prompt_alone(past: int, n: int) -> bool:
     # a time, made a 1,500-token prompt 2.6 s slower (8.7 s against 6.1).
     # `kernel_attention` decides alike, so the model's own forward matches.
     return past == 0 and n > 1
+
+
+def _kernel_stack(inner) -> ctypes.Array:
+    # The layers' weights side by side for the kernel, built on first use for
+    # each model: a self-draft's cut model (`drafts.cut_layers`) shares the
+    # target's first layers, and with them their `kernel_weights`, not this.
+    stack = inner.__dict__.get("_kernel_stack")
+    if stack is None or len(stack) != len(inner.layers):
+        stack = (_Layer * len(inner.layers))(*(layer.kernel_weights for layer in inner.layers))
+        inner._kernel_stack = stack
+    return stack
 
 
 def _kernel_layers(inner, hidden, position, cache: StepCache, past: int, mask) -> torch.Tensor:
@@ -397,7 +407,7 @@ def _kernel_layers(inner, hidden, position, cache: StepCache, past: int, mask) -
         if stop > first:
             out = torch.empty_like(hidden)  # not in place: a hook may keep the input
             step = _Step(hidden.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(), rows)
-            layers = ctypes.byref(inner.kernel_layers, first * ctypes.sizeof(_Layer))
+            layers = ctypes.byref(_kernel_stack(inner), first * ctypes.sizeof(_Layer))
             views_from = ctypes.byref(views, first * ctypes.sizeof(_LayerCacheView))
             library().llama_layers(layers, views_from, stop - first, ctypes.byref(step))
             hidden = out

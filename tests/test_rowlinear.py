@@ -10,6 +10,7 @@ from test_packed import assert_chain_drafts_lossless
 from transformers import DynamicCache
 
 from decoding import llama, rowlinear
+from decoding.drafts import cut_layers
 from decoding.forward import crop, forward, new_cache
 from decoding.rowlinear import RowLinear, pack_panels, row_linear, use_row_kernel
 from decoding.tree import additive
@@ -172,6 +173,22 @@ def test_layer_hooks_see_each_layers_input_in_the_lean_pass(make):
     for i in seen:
         assert len(lean[i]) == len(seen[i]) == 3
         assert all(torch.equal(a, b) for a, b in zip(lean[i], seen[i], strict=True))
+
+
+@needs_kernel
+def test_a_self_draft_cut_from_the_target_runs_the_layer_kernel_over_its_own_layers(monkeypatch):
+    """`layers:N` shares the target's first layers: its steps take the layer kernel over those N
+    only, and give the bits its own forward does."""
+    cut = cut_layers(_kernel_llama(seed=2), 2)
+    stacks: list[int] = []
+    original = llama._kernel_stack
+    monkeypatch.setattr(
+        llama, "_kernel_stack", lambda inner: stacks.append(len(inner.layers)) or original(inner)
+    )
+    ours, theirs = new_cache(cut), DynamicCache(config=cut.config)
+    for ids in (torch.tensor([[1, 2, 3]]), torch.tensor([[4]]), torch.tensor([[5, 6, 7]])):
+        assert torch.equal(forward(cut, ids, ours), _hf_logits(cut, ids, theirs))
+    assert stacks == [2, 2]  # the two steps after the prompt
 
 
 @needs_kernel
