@@ -147,7 +147,6 @@ static float max_of(const float* x, int64_t n) {
   return m;
 }
 
-
 #if defined(__AVX512F__)
 // The sums of 16 vectors at once: lane 4 q + l holds the sum of a[q + 4 l].
 // Lanes are paired at the distances vsum pairs them (8, 4, 2, 1), so each
@@ -183,6 +182,14 @@ static inline void dots16(const float* q, const float* k, int64_t k_stride, floa
   for (int q4 = 0; q4 < 4; q4++)
     for (int l = 0; l < 4; l++) out[q4 + 4 * l] = sums[4 * q4 + l];
 }
+
+// The scores of keys 0, 1, ... 16 at a time; how many that made.
+template <int D>
+static int64_t dots_by16(const float* q, const float* k, int64_t k_stride, int64_t seen, float* scores) {
+  int64_t j = 0;
+  for (; j + 16 <= seen; j += 16) dots16<D>(q, k + j * k_stride, k_stride, scores + j);
+  return j;
+}
 #endif
 
 // Every seen key's score, in order; a key masked out scores -inf.
@@ -191,18 +198,10 @@ static void scores_row(const float* q, const float* k, int64_t k_stride, int64_t
   int64_t j = 0;
 #if defined(__AVX512F__)
   switch (d) {  // 64 and 128 are the common sizes; 16 and 32, the tests' tiny models'
-    case 16:
-      for (; j + 16 <= seen; j += 16) dots16<1>(q, k + j * k_stride, k_stride, scores + j);
-      break;
-    case 32:
-      for (; j + 16 <= seen; j += 16) dots16<2>(q, k + j * k_stride, k_stride, scores + j);
-      break;
-    case 64:
-      for (; j + 16 <= seen; j += 16) dots16<4>(q, k + j * k_stride, k_stride, scores + j);
-      break;
-    case 128:
-      for (; j + 16 <= seen; j += 16) dots16<8>(q, k + j * k_stride, k_stride, scores + j);
-      break;
+    case 16: j = dots_by16<1>(q, k, k_stride, seen, scores); break;
+    case 32: j = dots_by16<2>(q, k, k_stride, seen, scores); break;
+    case 64: j = dots_by16<4>(q, k, k_stride, seen, scores); break;
+    case 128: j = dots_by16<8>(q, k, k_stride, seen, scores); break;
   }
 #endif
   for (; j < seen; j++) scores[j] = dot(q, k + j * k_stride, d);
@@ -268,9 +267,7 @@ static void attend_heads(const float* q, int64_t q_head, const float* k, int64_t
       for (int64_t u = 0; u < kParts; u++) acc[h][u] = vzero();
     for (int64_t j = 0; j < seen; j++) {
       vec vj[kParts];
-      for (int64_t u = 0; u < kParts; u++) {
-        vj[u] = vload(v + j * v_stride + u * kWidth);
-      }
+      for (int64_t u = 0; u < kParts; u++) vj[u] = vload(v + j * v_stride + u * kWidth);
       for (int h = 0; h < G; h++) {
         const vec pj = vset(scores[h * L + j]);
         for (int64_t u = 0; u < kParts; u++) acc[h][u] = vadd(acc[h][u], vmul(pj, vj[u]));
