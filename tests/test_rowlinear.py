@@ -61,6 +61,24 @@ def test_the_panels_compute_a_linear_layer_and_a_rows_bits_do_not_depend_on_its_
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_the_panels_give_the_same_bits_whatever_the_threads_that_share_them(threads):
+    """Each thread takes its own panels, then others' from the back: any count of threads, more
+    threads than panels included, computes every panel once and the same bits."""
+    torch.manual_seed(threads)
+    x, w = torch.randn(5, 576), torch.randn(1536 + 64, 576)
+    shapes = [(w, pack_panels(w)), (w[:48], pack_panels(w[:48]))]  # 25 panels; 1 panel
+    want = [row_linear(x, weight, None, panels) for weight, panels in shapes]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = [row_linear(x, weight, None, panels) for weight, panels in shapes for _ in range(3)]
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(g, want[i // 3]) for i, g in enumerate(got))
+
+
+@needs_kernel
 def test_a_weight_whose_rows_fill_no_vector_keeps_its_own_layout():
     w = torch.randn(37, 32)
     assert pack_panels(w) is None
