@@ -434,6 +434,8 @@ def _kernel_layers(
     keys_like = hidden.new_empty(1, inner.config.num_key_value_heads, 0, inner.layers[0].self_attn.head_dim)
     views = cache.kernel_view(past + n, keys_like)
     rows, _held = _mask(mask)
+    for layer_cache in cache.layers:  # before the call: after it, Python starts with its caches emptied
+        layer_cache.length = past + n
     # One kernel call for the layers between two that have hooks (a draft head's
     # feature taps), which see their layer's input as in the model's own forward.
     stack = _kernel_stack(inner)
@@ -454,8 +456,6 @@ def _kernel_layers(
         if stop < len(inner.layers):
             _run_pre_hooks(inner.layers[stop], hidden)
         first = stop
-    for layer_cache in cache.layers:
-        layer_cache.length = past + n
     return hidden
 
 
