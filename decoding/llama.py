@@ -6,9 +6,9 @@ plumbing, a KV cache that concatenates every layer's keys on every step, and
 some twenty small torch ops per layer. This pass runs over a cache written
 in place (`StepCache`), in one of two ways:
 
-- the default CPU mode (float32, SpecLens's kernel built): the decoder layers
-  are one call of `kernels/layer.cpp` (split only where a layer has hooks,
-  which see its input). `use_layer_kernel` swaps the model's
+- the default CPU mode (float32, SpecLens's kernel built): the decoder layers,
+  the final norm and the output layer are one call of `kernels/layer.cpp`
+  (split only where a layer has hooks, which see its input). `use_layer_kernel` swaps the model's
   norms, SiLU and attention for the same C++ functions, so the model's own
   forward (Hugging Face's `generate`, the tests' reference) computes the
   same bits. A prompt with nothing cached takes the loop below, and the

@@ -4,7 +4,7 @@
 - `packed`: the same with the output layer packed for oneDNN (the default until the kernel);
 - `kernel`: SpecLens's linear kernel, fused products and the lean pass's loop over the model's
   own modules, over an in-place cache (the default until the layer kernel);
-- `layer`: the default now: the decoder layers one call of `kernels/layer.cpp`.
+- `layer`: the default now: the decoder layers, the final norm and the output layer one call of `kernels/layer.cpp`.
 
 Interleaved per row count (eager, packed, kernel, layer, eager, ...) so that the
 noise of a shared machine falls on all alike; medians of 12 passes after 100
