@@ -233,6 +233,21 @@ def test_the_layer_kernel_gives_a_token_the_same_bits_alone_and_checked_with_oth
 
 
 @needs_kernel
+def test_the_layer_kernel_follows_its_cache_as_it_grows():
+    """Checks that carry the cache past its first block (256 tokens): the kernel finds each
+    layer's new buffers and gives the bits the model's own forward does."""
+    model = _kernel_llama(seed=4)
+    ours, theirs = new_cache(model), DynamicCache(config=model.config)
+    generator = torch.Generator().manual_seed(0)
+    buffers = set()
+    while ours.get_seq_length() < 500:  # a 3-token prompt, then checks of 17
+        ids = torch.randint(0, 64, (1, 17 if buffers else 3), generator=generator)
+        assert torch.equal(forward(model, ids, ours), _hf_logits(model, ids, theirs))
+        buffers.add(ours.layers[-1].k.data_ptr())
+    assert len(buffers) == 2  # the prompt's, then one grown by a check
+
+
+@needs_kernel
 def test_the_layer_kernel_swaps_the_models_own_modules_for_its_functions():
     model = _kernel_llama(seed=0)
     layer = model.model.layers[0]
