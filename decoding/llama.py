@@ -8,11 +8,11 @@ in place (`StepCache`), in one of two ways:
 
 - the default CPU mode (float32, SpecLens's kernel built): the decoder layers,
   the final norm and the output layer are one call of `kernels/layer.cpp`
-  (split only where a layer has hooks, which see its input). `use_layer_kernel` swaps the model's
-  norms, SiLU and attention for the same C++ functions, so the model's own
-  forward (Hugging Face's `generate`, the tests' reference) computes the
-  same bits. A prompt with nothing cached takes the loop below, and the
-  model's forward SDPA, alike;
+  (split only where a layer has hooks, which see its input). `use_layer_kernel`
+  swaps the model's norms, SiLU and attention for the same C++ functions, so
+  the model's own forward (Hugging Face's `generate`, the tests' reference)
+  computes the same bits. A prompt with nothing cached takes the loop below,
+  and the model's forward SDPA, alike;
 - otherwise: the model's own modules and functions (its norms, rotary
   embedding, MLP and SDPA attention) in a plain loop, op for op what its
   forward computes.
@@ -379,7 +379,7 @@ def forward(
         position_ids = torch.arange(past, past + n, device=ids.device)[None]
     position = inner.rotary_emb(hidden, position_ids)
     if hasattr(inner.layers[0], "kernel_weights") and not _prompt_alone(past, n):
-        head = _kernel_head(model, keep or n)
+        head = _kernel_head(model, min(keep, n) if keep else n)
         hidden = _kernel_layers(inner, hidden, position, cache, past, mask, head)
         if head is not None:
             return head[1]
