@@ -6,7 +6,8 @@ import threading
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from app.ui import build_demo, launch_options  # noqa: E402
-from decoding.models import OFFLINE_PRESETS, load_model, quiet_libraries  # noqa: E402
+from decoding.models import OFFLINE_PRESETS
+from decoding.models.loading import load_model, quiet_libraries  # noqa: E402
 
 
 def _warm_up() -> None:

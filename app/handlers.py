@@ -19,15 +19,17 @@ from pathlib import Path
 
 import gradio as gr
 
-from decoding import costmodel, engines
-from decoding.budget import RunBudget
+from decoding import costmodel
+from decoding.api import RunConfig, compare_with_plain, iter_generate
+from decoding.core.budget import RunBudget
 from decoding.errors import SpecLensError
-from decoding.models import check_allowed, layer_count, load_model
-from decoding.probe import probe
-from decoding.runner import RunConfig, compare_with_plain, iter_generate
-from decoding.sampling import Sampling
-from decoding.sweep import parse_sizes, sweep, tree_sweep
-from decoding.trace import Trace, agreement, validate
+from decoding.models.loading import layer_count, load_model
+from decoding.models.paths import check_allowed
+from decoding.settings.sampling import Sampling
+from decoding.tools import metrics
+from decoding.tools.probe import probe
+from decoding.tools.sweep import parse_sizes, sweep, tree_sweep
+from decoding.trace import Trace, agreement, token_frame, validate
 from visualize.cards import stats_html
 from visualize.charts import (
     acceptance_vs_k,
@@ -201,7 +203,7 @@ def save_downloads(trace: Trace) -> tuple[str, str]:
     folder = download_folder()
     json_path, csv_path = folder / "speclens-trace.json", folder / "speclens-tokens.csv"
     trace.save(json_path)
-    trace.to_dataframe().to_csv(csv_path, index=False)
+    token_frame(trace).to_csv(csv_path, index=False)
     return str(json_path), str(csv_path)
 
 
@@ -528,8 +530,8 @@ def read_deployment(url: str | None, first: str | None, second: str | None) -> d
         raise SpecLensError("give a metrics URL (http://host:port/metrics) or upload a saved metrics page")
     if len(sources) > 2:
         raise SpecLensError("give a URL or pages, at most two in all (two: the interval between them)")
-    snapshots = [engines.read(s) for s in sources]
-    return engines.interval(*snapshots) if len(snapshots) == 2 else engines.summary(snapshots[0])
+    snapshots = [metrics.read(s) for s in sources]
+    return metrics.interval(*snapshots) if len(snapshots) == 2 else metrics.summary(snapshots[0])
 
 
 def acceptance_profile(figures: dict, positions: int = 8) -> list[float]:
@@ -547,10 +549,10 @@ def run_production(url, first, second, draft_cost: float, verify_growth: float, 
         series = {f"{figures['engine']} deployment": figures["per_position"]}
         page = None
         if trace_dict:
-            ours = engines.snapshot_of([Trace.from_dict(trace_dict)])
-            series["this SpecLens run"] = engines.summary(ours)["per_position"]
+            ours = metrics.snapshot_of([Trace.from_dict(trace_dict)])
+            series["this SpecLens run"] = metrics.summary(ours)["per_position"]
             page = download_folder() / "speclens-metrics.prom"
-            page.write_text(engines.metrics_page(ours))
+            page.write_text(metrics.metrics_page(ours))
         best, speedups = costmodel.best_k_profile(
             acceptance_profile(figures), float(draft_cost), float(verify_growth)
         )

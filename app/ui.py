@@ -7,9 +7,9 @@ from pathlib import Path
 
 import gradio as gr
 
+from decoding.core.tree import MAX_BRANCH, MAX_TREE_NODES
 from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
-from decoding.policies import K_MAX, K_MIN, POLICIES
-from decoding.tree import MAX_BRANCH, MAX_TREE_NODES
+from decoding.settings.policies import K_MAX, K_MIN, POLICIES
 from visualize.timeline import empty_timeline_html
 
 from . import handlers as h

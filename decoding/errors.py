@@ -19,3 +19,9 @@ class ModelTooLargeError(SpecLensError):
 
 class TraceError(SpecLensError):
     """A trace file that is not a valid SpecLens trace; the message names the first problem."""
+
+
+def first_line(exc: BaseException) -> str:
+    """A library's exception in one line, for a message that names what failed."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

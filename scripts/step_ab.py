@@ -20,13 +20,13 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from decoding.bench import machine
-from decoding.forward import crop, forward, new_cache
-from decoding.llama import fuse_projections, use_layer_kernel
-from decoding.models import resolve_source
-from decoding.packed import pack_output_layer
-from decoding.probe import CONTEXT, ROWS
-from decoding.rowlinear import use_row_kernel
+from decoding.models.loading import resolve_source
+from decoding.runtime.forward import crop, forward, new_cache
+from decoding.runtime.llama import fuse_projections, use_layer_kernel
+from decoding.runtime.packed import pack_output_layer
+from decoding.runtime.rowlinear import use_row_kernel
+from decoding.tools.bench import machine
+from decoding.tools.probe import CONTEXT, ROWS
 
 TARGET = "smollm2-135m"
 

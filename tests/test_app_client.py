@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from gradio_client import handle_file
 
-from decoding.trace import Trace, check_invariants
+from decoding.trace import Trace, validate
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_generate_returns_trace_figures_and_downloads(client):
         **generate_args(), api_name="/generate"
     )
     trace = Trace.load(json_path)
-    check_invariants(trace)
+    validate(trace)
     assert trace.meta.prompt == PROMPT and trace.meta.draft == "ngram"
     assert trace.totals.identical_to_baseline is True and trace.totals.speedup > 0
     assert text == trace.output.text and text.strip()
@@ -81,7 +81,7 @@ def test_every_draft_source_and_sampling(client):
         {"temperature": 0.8, "top_p": 0.9, "seed": 3, "policy": "heuristic", "compare": False},
     ):
         *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=10, **over), api_name="/generate")
-        check_invariants(Trace.load(json_path))
+        validate(Trace.load(json_path))
 
 
 def test_the_offline_pair_with_two_tokenizers(client):
@@ -91,7 +91,7 @@ def test_the_offline_pair_with_two_tokenizers(client):
         **generate_args("What is the capital of France?", max_new=12, **over), api_name="/generate"
     )
     trace = Trace.load(json_path)
-    check_invariants(trace)
+    validate(trace)
     assert trace.meta.draft_kind == "cross" and trace.totals.identical_to_baseline is True
     assert "re-encoded for the target" in timeline or "same text in both vocabularies" in timeline
     assert "another tokenizer" in sentence
@@ -125,7 +125,7 @@ def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
         **generate_args(), api_name="/generate"
     )
     trace = Trace.load(json_path)
-    check_invariants(trace)
+    validate(trace)
     assert trace.meta.stopped.startswith("stopped at the 0 s time limit")
     assert 1 <= len(trace.rounds) < 20 and trace.totals.speedup is None  # no comparison after a stop
     assert "time limit" in cards and timeline.count("data-round=") == len(trace.rounds)
@@ -133,16 +133,16 @@ def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
 
 def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeypatch):
     from app import handlers
-    from decoding import runner
+    from decoding import api
 
-    real_load = runner.load_model
+    real_load = api.load_model
 
     def slow_load(*args, **kwargs):
         time.sleep(3.0)  # a first conversion, say
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 2.5)
-    monkeypatch.setattr(runner, "load_model", slow_load)
+    monkeypatch.setattr(api, "load_model", slow_load)
     *_, json_path, _, _, _, _ = client.predict(
         **generate_args(max_new=8, compare=False), api_name="/generate"
     )
@@ -158,7 +158,7 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
     client.predict(api_name="/stop_generate")
     *_, json_path, _, _, _, _ = job.result(timeout=120)
     trace = Trace.load(json_path)
-    check_invariants(trace)
+    validate(trace)
     assert trace.meta.stopped == "stopped by the user" and 0 < trace.totals.new_tokens < 400
     *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
@@ -208,7 +208,7 @@ def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
         **generate_args(max_new=12, tree_nodes=6, source="trained draft head (EAGLE-3)"), api_name="/generate"
     )
     trace = Trace.load(json_path)
-    check_invariants(trace)
+    validate(trace)
     assert trace.meta.tree_nodes == 6 and all(r.tree is not None for r in trace.rounds)
     assert trace.totals.identical_to_baseline is True
     assert "a tree of" in sentence
@@ -271,7 +271,7 @@ def test_a_corrupt_upload_is_refused_naming_its_first_problem(client, tmp_path, 
 
 
 def test_production_tab_reads_a_deployment_beside_this_run(client):
-    from test_engines import FakeVLLM, reply, serve
+    from test_metrics import FakeVLLM, reply, serve
 
     fake = FakeVLLM()
     fake.observe(40, 2)

@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 from conftest import PROMPTS
 
-from decoding.bench import CSV_COLUMNS, read_prompts
-from decoding.cli import main
 from decoding.errors import SpecLensError
+from decoding.tools.bench import CSV_COLUMNS
+from decoding.tools.cli import main
+from decoding.tools.prompts import read_prompts
 
 pytestmark = pytest.mark.slow
 

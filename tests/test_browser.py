@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from decoding.trace import RunMeta, Trace, check_invariants
+from decoding.trace import RunMeta, Trace, validate
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_explore_run_timeline_charts_and_download(page):
     path = ARTIFACTS / "browser-trace.json"
     info.value.save_as(path)
     trace = Trace.load(path)
-    check_invariants(trace)
+    validate(trace)
 
     kinds = {"accepted"} if any(s.n_accepted for s in trace.rounds) else set()
     kinds |= {"rejected"} if any(s.n_accepted < s.k for s in trace.rounds) else set()
@@ -199,7 +199,7 @@ def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
 
 
 def test_production_tab_charts_a_vllm_page(page):
-    from test_engines import FakeVLLM, reply, serve
+    from test_metrics import FakeVLLM, reply, serve
 
     fake = FakeVLLM()
     fake.observe(30, 2)

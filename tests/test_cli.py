@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
 
-from decoding.cli import main
-from decoding.trace import Trace, check_invariants
+from decoding.tools.cli import main
+from decoding.trace import Trace, validate
 
 PROMPT = "Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm."
 
@@ -59,7 +59,7 @@ def test_generate_end_to_end_subprocess(tmp_path, smol):
     assert meta["target_source"] == "HuggingFaceTB/SmolLM2-135M-Instruct (SmolLM2-135M-Instruct.Q4_1.gguf)"
     assert str(Path.home()) not in out.read_text() and ".cache" not in out.read_text()
     assert "output identical to plain decoding" in done.stdout
-    check_invariants(Trace.from_dict(data))
+    validate(Trace.from_dict(data))
 
 
 def test_a_local_model_is_named_by_its_folder_alone(tmp_path, capsys, mismatched_draft):
@@ -105,7 +105,7 @@ def test_generate_in_process(tmp_path, capsys, smol, extra):
     code = main(["generate", "--prompt", PROMPT, "--max-new-tokens", "12", "--trace-out", str(out), *extra])
     assert code == 0, capsys.readouterr().err
     trace = Trace.load(out)
-    check_invariants(trace)
+    validate(trace)
     assert trace.totals.new_tokens == len(trace.output.token_ids) <= 12
     assert trace.output.text in capsys.readouterr().out
 
@@ -245,9 +245,9 @@ def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
     """The flags come from RunConfig's fields: none is missing from a command, none lacks help."""
     from dataclasses import fields
 
-    from decoding.cli import build_parser, run_config
-    from decoding.runner import RunConfig
-    from decoding.sampling import Sampling
+    from decoding.api import RunConfig
+    from decoding.settings.sampling import Sampling
+    from decoding.tools.cli import build_parser, run_config
 
     assert all(
         f.metadata.get("help") for f in [*fields(RunConfig), *fields(Sampling)] if f.name != "sampling"

@@ -19,14 +19,15 @@ from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from decoding import runner
-from decoding.crossdraft import CrossTokenizerDraft, shared_vocabulary
+from decoding import api
+from decoding.api import RunConfig, token_texts
+from decoding.core.plain import autoregressive_generate
+from decoding.core.speculative import speculative_generate
+from decoding.drafts.cross_tokenizer import CrossTokenizerDraft, shared_vocabulary
 from decoding.errors import SpecLensError, TraceError
 from decoding.models import LoadedModel
-from decoding.policies import make_policy
-from decoding.runner import RunConfig, token_texts
-from decoding.sampling import Sampling
-from decoding.speculative import autoregressive_generate, speculative_generate
+from decoding.settings.policies import make_policy
+from decoding.settings.sampling import Sampling
 from decoding.trace import Trace, validate
 from visualize.explain import explain_round, explain_round_markdown
 from visualize.timeline import timeline_html
@@ -203,11 +204,11 @@ def test_a_draft_folder_with_another_tokenizer_drafts_through_text(tmp_path, cha
     words().save_pretrained(draft_folder)
     tiny_llama(seed=1, layers=2, vocab=len(WORDS)).to(torch.float32).save_pretrained(draft_folder)
     config = RunConfig(target=str(target_folder), draft=str(draft_folder), prompt="a bad cab", chat=False)
-    run = runner.prepare(replace(config, max_new_tokens=12))
+    run = api.prepare(replace(config, max_new_tokens=12))
     assert isinstance(run.draft, CrossTokenizerDraft) and run.draft.kind == "cross"
-    validate(runner.speculative(run))
+    validate(api.speculative(run))
     with pytest.raises(SpecLensError, match="cross draft cannot draft a token tree"):
-        runner.prepare(replace(config, tree_nodes=4))
+        api.prepare(replace(config, tree_nodes=4))
 
 
 EXAMPLE = ROOT / "assets" / "traces" / "math_reasoning-gemma-smollm2-greedy.json"
@@ -244,11 +245,11 @@ def test_a_broken_translation_is_refused():
 def test_gemma_checks_what_smollm2_drafts(gemma, smol, specbench, category):
     prompt = first_of(specbench, category)["prompt"]
     config = RunConfig(target="gemma3-270m", draft="smollm2-135m", k=3, prompt=prompt, max_new_tokens=32)
-    run = runner.prepare(config)
+    run = api.prepare(config)
     assert run.draft.kind == "cross"
-    trace = runner.speculative(run)
+    trace = api.speculative(run)
     validate(trace)
-    assert trace.output.token_ids == runner.plain_baseline(config).token_ids
+    assert trace.output.token_ids == api.plain_baseline(config).token_ids
     assert trace.totals.accepted > 0
     # Gemma's <bos> opens the prompt; SmolLM2 reads text, not that marker.
     assert "<bos>" not in smol.tokenizer.decode(run.draft.context(run.prompt_ids))
@@ -262,7 +263,7 @@ def test_gemma_samples_with_smollm2_drafting(gemma, smol, specbench):
     config = RunConfig(
         target="gemma3-270m", draft="smollm2-135m", k=3, prompt=prompt, max_new_tokens=24, sampling=sampling
     )
-    trace = runner.speculative(runner.prepare(config))
+    trace = api.speculative(api.prepare(config))
     validate(trace)
     assert all(r.translation.mode == "vocab" for r in trace.rounds if r.k)
     assert trace.totals.accepted > 0

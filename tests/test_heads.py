@@ -14,8 +14,9 @@ from conftest import PROMPTS, ROOT, tiny_llama, tiny_model_folder
 from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 from transformers import AutoModelForCausalLM
 
-from decoding.errors import SpecLensError
-from decoding.heads import (
+from decoding.core.plain import autoregressive_generate
+from decoding.core.speculative import iter_trace, speculative_generate
+from decoding.drafts.head import (
     EagleHead,
     FeatureTap,
     HeadCache,
@@ -23,12 +24,12 @@ from decoding.heads import (
     HeadDraft,
     load_head,
 )
-from decoding.policies import make_policy
-from decoding.rowlinear import RowLinear
-from decoding.sampling import Sampling
-from decoding.speculative import autoregressive_generate, iter_trace, speculative_generate
-from decoding.trace import check_invariants
-from decoding.train_head import heldout_split, ttt_unroll
+from decoding.errors import SpecLensError
+from decoding.runtime.rowlinear import RowLinear
+from decoding.settings.policies import make_policy
+from decoding.settings.sampling import Sampling
+from decoding.tools.train_head import heldout_split, ttt_unroll
+from decoding.trace import validate
 
 SHIPPED = ROOT / "assets" / "heads" / "smollm2-135m"
 
@@ -69,7 +70,7 @@ def trained_tiny(tmp_path_factory):
         "--lr",
         "3e-3",
     ]
-    from decoding.cli import main
+    from decoding.tools.cli import main
 
     assert main(argv) == 0
     return folder, out, work, argv
@@ -91,7 +92,7 @@ def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) >= {"fc.weight", "midlayer.self_attn.q_proj.weight", "d2t", "t2d"}
     answers = (work / "answers.jsonl").read_text()
-    from decoding.cli import main
+    from decoding.tools.cli import main
 
     assert main(argv) == 0  # every stage is found done: nothing is generated or trained again
     assert (work / "answers.jsonl").read_text() == answers
@@ -110,7 +111,7 @@ def test_trained_head_is_lossless_for_every_k(trained_tiny):
             draft = HeadDraft(head, target, "head")
             trace = speculative_generate(target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
             assert trace.output.token_ids == expected, f"k={k} prompt={prompt}"
-            check_invariants(trace)
+            validate(trace)
             accepted += trace.totals.accepted
     assert accepted > 0  # the trained head is right sometimes, so the accept path ran too
 
@@ -371,8 +372,8 @@ def test_the_shipped_head_fits_in_a_space_and_names_its_command():
 
 
 def test_the_shipped_head_is_lossless_on_smollm2(smol):
+    from decoding.api import encode_prompt
     from decoding.drafts import build_draft
-    from decoding.runner import encode_prompt
 
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
     accepted = 0

@@ -6,12 +6,14 @@ import pytest
 import torch
 from conftest import first_of
 
+from decoding.api import encode_prompt
+from decoding.core.plain import autoregressive_generate
+from decoding.core.speculative import speculative_generate
+from decoding.core.tree import TreeShape
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
-from decoding.policies import make_policy
-from decoding.runner import encode_prompt, eos_ids
-from decoding.speculative import autoregressive_generate, speculative_generate
-from decoding.trace import check_invariants
-from decoding.tree import TreeShape
+from decoding.models.text import eos_ids
+from decoding.settings.policies import make_policy
+from decoding.trace import validate
 
 TINY_PROMPTS = [[1, 5, 9, 3, 7, 5, 9], [2, 2, 2, 8, 2, 2], [42]]
 
@@ -34,7 +36,7 @@ def test_tiny_every_draft_every_k(tiny_target, tiny_draft, prompt):
         for k in range(1, 9):
             trace = speculative_generate(tiny_target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
             assert trace.output.token_ids == expected, f"{name} k={k}"
-            check_invariants(trace)
+            validate(trace)
 
 
 @pytest.mark.parametrize("policy", ["heuristic", "confidence"])
@@ -44,7 +46,7 @@ def test_tiny_adaptive_policies(tiny_target, tiny_draft, policy):
     for draft in tiny_drafts(tiny_target, tiny_draft).values():
         trace = speculative_generate(tiny_target, ids, draft, make_policy(policy, 5, 0.3), max_new_tokens=60)
         assert trace.output.token_ids == expected
-        check_invariants(trace)
+        validate(trace)
 
 
 def test_heuristic_changes_k(tiny_target):
@@ -68,7 +70,7 @@ def test_eos_stops_and_budget_is_exact(tiny_target):
                 tiny_target, ids, draft, make_policy("fixed", k), max_new_tokens=40, eos_ids=[eos]
             )
             assert trace.output.token_ids == plain
-            check_invariants(trace)
+            validate(trace)
         for budget in (1, 2, 7):
             trace = speculative_generate(
                 tiny_target,
@@ -123,7 +125,7 @@ def test_smollm2_greedy_is_lossless(smol, specbench):
 
     for category, spec, ks in cases:
         prompt = encode_prompt(smol, first_of(specbench, category)["prompt"], chat=True)
-        eos = eos_ids(smol)
+        eos = eos_ids(smol.model, smol.tokenizer)
         expected = autoregressive_generate(smol.model, prompt, max_new_tokens=32, eos_ids=eos).token_ids
         draft = build_draft(spec, smol)
         for k in ks:
@@ -131,7 +133,7 @@ def test_smollm2_greedy_is_lossless(smol, specbench):
                 smol.model, prompt, draft, make_policy("fixed", k), max_new_tokens=32, eos_ids=eos
             )
             assert trace.output.token_ids == expected, f"{category} {spec} k={k}"
-            check_invariants(trace)
+            validate(trace)
 
 
 @pytest.mark.slow
@@ -143,7 +145,7 @@ def test_gemma3_offline_preset_is_lossless():
     gemma = load_model("gemma3-270m", "cpu")
     prompt = encode_prompt(gemma, "The capital of France is Paris. The capital of Italy is", chat=False)
     expected = autoregressive_generate(
-        gemma.model, prompt, max_new_tokens=12, eos_ids=eos_ids(gemma)
+        gemma.model, prompt, max_new_tokens=12, eos_ids=eos_ids(gemma.model, gemma.tokenizer)
     ).token_ids
     # Trees too: Gemma-3 takes the tree's 4D mask for its sliding-window layers as well.
     for spec, k, tree in [("ngram", 3, None), ("layers:9", 2, None), ("layers:9", 3, TreeShape(8, 2))]:
@@ -153,8 +155,8 @@ def test_gemma3_offline_preset_is_lossless():
             build_draft(spec, gemma),
             make_policy("fixed", k),
             max_new_tokens=12,
-            eos_ids=eos_ids(gemma),
+            eos_ids=eos_ids(gemma.model, gemma.tokenizer),
             tree=tree,
         )
         assert trace.output.token_ids == expected, (spec, tree)
-        check_invariants(trace)
+        validate(trace)

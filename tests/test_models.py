@@ -5,51 +5,57 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding import models
+from decoding.api import encode_prompt
+from decoding.core.plain import autoregressive_generate
+from decoding.drafts import same_tokenizer
 from decoding.errors import SpecLensError
-from decoding.runner import encode_prompt, eos_ids
-from decoding.speculative import autoregressive_generate
+from decoding.models import loading, memory, presets
+from decoding.models.text import eos_ids
 
 
 @pytest.mark.slow
 def test_a_gguf_file_loads_like_its_preset(smol, tmp_path, monkeypatch):
     """A .gguf path is converted once into the cache and decodes like the preset made from it."""
     monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
-    gguf = models._smollm2_gguf()
-    folder = models.resolve_source(str(gguf))
+    gguf = presets._smollm2_gguf()
+    folder = loading.resolve_source(str(gguf))
     assert folder.startswith(str(tmp_path)) and (tmp_path / "models").is_dir()
-    assert models.resolve_source(str(gguf)) == folder  # converted once
-    loaded = models.load_model(str(gguf), "cpu")
+    assert loading.resolve_source(str(gguf)) == folder  # converted once
+    loaded = loading.load_model(str(gguf), "cpu")
     prompt = encode_prompt(smol, "Name a colour.", chat=True)
-    ours = autoregressive_generate(loaded.model, prompt, max_new_tokens=8, eos_ids=eos_ids(smol)).token_ids
-    preset = autoregressive_generate(smol.model, prompt, max_new_tokens=8, eos_ids=eos_ids(smol)).token_ids
+    ours = autoregressive_generate(
+        loaded.model, prompt, max_new_tokens=8, eos_ids=eos_ids(smol.model, smol.tokenizer)
+    ).token_ids
+    preset = autoregressive_generate(
+        smol.model, prompt, max_new_tokens=8, eos_ids=eos_ids(smol.model, smol.tokenizer)
+    ).token_ids
     assert ours == preset
 
 
 @pytest.mark.slow
 def test_size_estimate_and_same_model_loads_once(smol):
     # 135M parameters, the tied embedding counted once, 4 bytes each.
-    assert 500e6 < models.estimate_bytes(smol.model.config, torch.float32) < 560e6
-    assert models.load_model("smollm2-135m", "cpu") is smol
-    assert models.same_tokenizer(smol.tokenizer, smol.tokenizer)
+    assert 500e6 < memory.estimate_bytes(smol.model.config, torch.float32) < 560e6
+    assert loading.load_model("smollm2-135m", "cpu") is smol
+    assert same_tokenizer(smol.tokenizer, smol.tokenizer)
 
 
 def test_device_and_dtype_choices():
-    assert models.pick_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert models.pick_dtype(torch.device("cpu")) == torch.float32
-    assert models.pick_dtype(torch.device("cuda")) == torch.bfloat16
-    assert models.pick_dtype(torch.device("cpu"), "bfloat16") == torch.bfloat16
+    assert loading.pick_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert loading.pick_dtype(torch.device("cpu")) == torch.float32
+    assert loading.pick_dtype(torch.device("cuda")) == torch.bfloat16
+    assert loading.pick_dtype(torch.device("cpu"), "bfloat16") == torch.bfloat16
     with pytest.raises(SpecLensError, match="unknown dtype"):
-        models.pick_dtype(torch.device("cpu"), "int3")
+        loading.pick_dtype(torch.device("cpu"), "int3")
     with pytest.raises(SpecLensError, match="no model given"):
-        models.load_model("  ")
+        loading.load_model("  ")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_greedy_is_lossless(tiny_target):
+    from decoding.core.speculative import speculative_generate
     from decoding.drafts import NGramDraft
-    from decoding.policies import make_policy
-    from decoding.speculative import speculative_generate
+    from decoding.settings.policies import make_policy
 
     model = tiny_target.to("cuda")
     ids = torch.tensor([[1, 5, 9, 3, 7, 5, 9]], device="cuda")
@@ -65,15 +71,15 @@ def test_loaded_models_stay_within_their_budget_least_recently_used_out(tmp_path
     from conftest import tiny_model_folder
 
     folders = [str(tiny_model_folder(tmp_path / f"m{i}", seed=i)) for i in range(3)]
-    monkeypatch.setattr(models, "_loaded", OrderedDict())
-    first = models.load_model(folders[0], "cpu")
+    monkeypatch.setattr(loading, "_loaded", OrderedDict())
+    first = loading.load_model(folders[0], "cpu")
     monkeypatch.setenv("SPECLENS_MODEL_BUDGET_GB", str(2.5 * first.nbytes / 2**30))  # room for two
-    models.load_model(folders[1], "cpu")
-    assert models.load_model(folders[0], "cpu") is first  # used again: now the most recent
-    models.load_model(folders[2], "cpu")
-    assert [key[0] for key in models._loaded] == [folders[0], folders[2]]
-    assert sum(m.nbytes for m in models._loaded.values()) <= models.model_budget_bytes()
+    loading.load_model(folders[1], "cpu")
+    assert loading.load_model(folders[0], "cpu") is first  # used again: now the most recent
+    loading.load_model(folders[2], "cpu")
+    assert [key[0] for key in loading._loaded] == [folders[0], folders[2]]
+    assert sum(m.nbytes for m in loading._loaded.values()) <= memory.model_budget_bytes()
     monkeypatch.setenv("SPECLENS_MODEL_BUDGET_GB", "0.000001")  # a model larger than the whole budget
     with pytest.raises(SpecLensError, match="more than the"):
-        models.load_model(folders[1], "cpu")
-    assert len(models._loaded) == 2, "a refused model must not evict the loaded ones"
+        loading.load_model(folders[1], "cpu")
+    assert len(loading._loaded) == 2, "a refused model must not evict the loaded ones"

@@ -12,4 +12,4 @@ def test_pyproject_declares_what_requirements_txt_installs():
     required = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert set(project["dependencies"]) == required
-    assert project["scripts"]["speclens"] == "decoding.cli:main"
+    assert project["scripts"]["speclens"] == "decoding.tools.cli:main"

@@ -6,11 +6,12 @@ import pytest
 import torch
 from conftest import tiny_llama
 
+from decoding.core.plain import autoregressive_generate
+from decoding.core.speculative import speculative_generate
 from decoding.drafts import LayerDraft, NGramDraft
-from decoding.forward import forward, new_cache
-from decoding.packed import PackedLinear, pack_output_layer
-from decoding.policies import make_policy
-from decoding.speculative import autoregressive_generate, speculative_generate
+from decoding.runtime.forward import forward, new_cache
+from decoding.runtime.packed import PackedLinear, pack_output_layer
+from decoding.settings.policies import make_policy
 
 
 def tiny_packed(seed: int = 0):

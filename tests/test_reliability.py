@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT
 from test_app_client import generate_args, sweep_args
 
+from decoding import api
 from decoding.trace import Trace
 
 pytestmark = pytest.mark.slow
@@ -169,12 +170,11 @@ def test_a_run_that_fails_half_way_frees_its_slot(client, monkeypatch, fault, me
 
 
 def test_a_model_that_fails_to_load(client, monkeypatch):
-    from decoding import runner
 
     def broken(*args, **kwargs):
         raise OSError("the disk went away")
 
-    monkeypatch.setattr(runner, "load_model", broken)
+    monkeypatch.setattr(api, "load_model", broken)
     with pytest.raises(Exception, match="the disk went away"):
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.undo()

@@ -9,11 +9,11 @@ from conftest import PROMPTS, tiny_llama
 from test_packed import assert_chain_drafts_lossless
 from transformers import DynamicCache
 
-from decoding import llama, rowlinear
-from decoding.drafts import cut_layers
-from decoding.forward import crop, forward, new_cache
-from decoding.rowlinear import RowLinear, pack_panels, row_linear, use_row_kernel
-from decoding.tree import additive
+from decoding.core.tree import additive
+from decoding.drafts.layers import cut_layers
+from decoding.runtime import llama, rowlinear
+from decoding.runtime.forward import crop, forward, new_cache
+from decoding.runtime.rowlinear import RowLinear, pack_panels, row_linear, use_row_kernel
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
 

@@ -14,12 +14,12 @@ import torch
 from conftest import tiny_llama
 from scipy.stats import chisquare
 
+from decoding.core.speculative import speculative_generate
+from decoding.core.verify import verify_sampling, warp
 from decoding.drafts import ModelDraft, NGramDraft
-from decoding.forward import forward, new_cache
-from decoding.policies import make_policy
-from decoding.sampling import Sampling
-from decoding.speculative import speculative_generate
-from decoding.verify import verify_sampling, warp
+from decoding.runtime.forward import forward, new_cache
+from decoding.settings.policies import make_policy
+from decoding.settings.sampling import Sampling
 
 ALPHA = 1e-3
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import ROOT
 
+from decoding.core.speculative import speculative_generate, untraced_generate
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
 from decoding.errors import TraceError
-from decoding.policies import make_policy
-from decoding.sampling import Sampling
-from decoding.speculative import speculative_generate, untraced_generate
-from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, RunMeta, Trace, check_invariants, validate
+from decoding.settings.policies import make_policy
+from decoding.settings.sampling import Sampling
+from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, RunMeta, Trace, token_frame, validate
 
 V1_TRACE = Path(__file__).parent / "data" / "trace-v1.json"  # written before verdicts had kinds
 
@@ -41,7 +41,7 @@ def traces(target):
 def test_invariants_hold(tiny_target):
     for i, trace in enumerate(traces(tiny_target)):
         greedy = i % 2 == 0  # traces() alternates greedy and sampled runs
-        check_invariants(trace)
+        validate(trace)
         t = trace.totals
         assert t.new_tokens == 40
         assert t.acceptance_rate == pytest.approx(t.accepted / t.proposed)
@@ -76,7 +76,7 @@ def test_json_round_trip(tiny_target, tmp_path):
 
 def test_dataframe_one_row_per_event(tiny_target):
     for trace in traces(tiny_target):
-        df = trace.to_dataframe()
+        df = token_frame(trace)
         assert list(df.columns) == EVENT_COLUMNS
         emitted = sum(s.emitted is not None for s in trace.rounds)
         assert len(df) == sum(s.k for s in trace.rounds) + emitted
@@ -90,7 +90,7 @@ def test_dataframe_one_row_per_event(tiny_target):
         assert (df[df["kind"] == "rejected"].groupby("round").size() <= 1).all()
         discarded = df[df["kind"] == "discarded"]
         assert discarded[["p", "accept_prob", "u"]].isna().all().all()
-    assert any((t.to_dataframe()["kind"] == "discarded").any() for t in traces(tiny_target))
+    assert any((token_frame(t)["kind"] == "discarded").any() for t in traces(tiny_target))
 
 
 def test_invariant_checker_catches_a_broken_trace(tiny_target):
@@ -98,7 +98,7 @@ def test_invariant_checker_catches_a_broken_trace(tiny_target):
     step = next(s for s in trace.rounds if s.k > s.n_accepted)
     step.verdicts[step.n_accepted].accepted = True  # no longer a prefix
     with pytest.raises(TraceError, match="round"):
-        check_invariants(trace)
+        validate(trace)
 
 
 def test_version_1_traces_load_with_kinds_and_without_unjudged_numbers():

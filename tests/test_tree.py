@@ -14,23 +14,17 @@ from conftest import first_of
 from test_heads import random_head
 from test_sampling import ALPHA, chi2_pvalue
 
+from decoding.api import RunConfig, generate
+from decoding.core.plain import Clock, autoregressive_generate, prefill
+from decoding.core.speculative import Decoder, speculative_generate, tree_round
+from decoding.core.tree import TokenTree, TreeShape, grow_tree, tree_inputs, verify_tree
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
+from decoding.drafts.head import HeadDraft
 from decoding.errors import SpecLensError, TraceError
-from decoding.forward import forward, new_cache
-from decoding.heads import HeadDraft
-from decoding.policies import make_policy
-from decoding.runner import RunConfig, generate
-from decoding.sampling import Sampling
-from decoding.speculative import (
-    Clock,
-    Decoder,
-    _prefill,
-    autoregressive_generate,
-    speculative_generate,
-    tree_round,
-)
+from decoding.runtime.forward import forward, new_cache
+from decoding.settings.policies import make_policy
+from decoding.settings.sampling import Sampling
 from decoding.trace import Trace, validate
-from decoding.tree import TokenTree, TreeShape, grow_tree, tree_inputs, verify_tree
 
 SHAPES = [(1, 1, 1), (4, 2, 2), (8, 2, 4), (16, 3, 5), (30, 4, 6)]  # nodes, branch, depth
 PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3, 7], [2, 2, 2, 8, 2, 2], [42]]
@@ -130,7 +124,7 @@ def test_after_a_round_the_cache_is_a_fresh_forward_over_the_kept_tokens(tiny_ta
         tiny_target, draft, Sampling(), torch.Generator(), set(), Clock(prompt.device), TreeShape(12, 3)
     )
     draft.reset()
-    cache = _prefill(tiny_target, prompt, draft)
+    cache = prefill(tiny_target, prompt, draft)
     seq, kept_any = prompt, False
     for _ in range(4):
         r = tree_round(dec, cache, seq, 4)

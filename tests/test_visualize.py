@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT
 
 from decoding import costmodel
-from decoding.sampling import Sampling
-from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, check_invariants
+from decoding.settings.sampling import Sampling
+from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, token_frame, validate
 from visualize.cards import stats_html
 from visualize.charts import accepted_length_histogram, theory_figure, trace_figures
 from visualize.explain import explain_round
@@ -57,7 +57,7 @@ def hand_made() -> Trace:
 
 
 def test_hand_made_trace_is_consistent():
-    check_invariants(hand_made())
+    validate(hand_made())
 
 
 def test_timeline_escapes_and_colours_every_kind():
@@ -106,7 +106,7 @@ def test_sampling_explanation_gives_p_q_and_u():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_traces_render(path):
     trace = Trace.load(path)
-    check_invariants(trace)
+    validate(trace)
     figs = trace_figures(trace)
     assert len(figs) == 4 and all(len(f.data) >= 1 for f in figs)
     assert "acceptance rate" in stats_html(trace)
@@ -148,7 +148,7 @@ def test_the_theory_tab_uses_this_machines_measured_verify_cost():
 def test_simulation_matches_the_formula():
     alpha, gamma = 0.7, 4
     trace = simulate_trace(alpha, gamma, rounds=4000, seed=1)
-    check_invariants(trace)
+    validate(trace)
     assert trace.totals.tokens_per_round == pytest.approx(costmodel.expected_tokens(alpha, gamma), rel=0.03)
     assert costmodel.estimate_alpha(trace) == pytest.approx(alpha, abs=0.02)
 
@@ -174,7 +174,7 @@ def test_visualize_needs_no_model_libraries():
 def test_decoding_imports_no_ui_code():
     out = run_isolated(
         "import sys\n"
-        "import decoding.runner, decoding.sweep, decoding.cli, decoding.costmodel\n"
+        "import decoding.api, decoding.tools.sweep, decoding.tools.cli, decoding.costmodel\n"
         "print(sorted(m for m in ('gradio', 'plotly') if m in sys.modules))\n"
     )
     assert out.strip() == "[]"
@@ -197,7 +197,7 @@ def test_discarded_tokens_are_greyed_unjudged_and_out_of_the_acceptance_chart():
     (tip,) = chips(html, "discarded")
     assert "never judged" in tip and "accept prob" not in tip and "p (target)" not in tip
     assert "discarded draft (never judged)" in html  # the legend
-    df = trace.to_dataframe()
+    df = token_frame(trace)
     assert df[df["kind"] == "discarded"][["p", "accept_prob", "u", "output_index"]].isna().all().all()
     fig = trace_figures(trace)[0]
     assert "judged tokens only" in fig.layout.xaxis.title.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from decoding.sampling import Sampling
+from decoding.settings.sampling import Sampling
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, verdict_kind
 
 TEXT = [

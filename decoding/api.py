@@ -1,0 +1,259 @@
+"""The public entry: from names and settings to a finished Trace. The app and the tools call this."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import torch
+import transformers
+
+from .core.budget import RunStopped
+from .core.plain import StopCheck, autoregressive_generate
+from .core.proposal import Draft
+from .core.speculative import iter_trace, untraced_generate
+from .core.tree import MAX_BRANCH, MAX_TREE_NODES, TreeShape
+from .drafts import build_draft
+from .errors import SpecLensError
+from .models.loading import LoadedModel, load_model
+from .models.paths import public_name, public_source
+from .models.text import eos_ids, prompt_token_ids, token_texts
+from .settings.policies import K_MAX, K_MIN, POLICIES, Policy, make_policy
+from .settings.sampling import Sampling
+from .trace import Baseline, RunMeta, Trace
+
+MAX_NEW_TOKENS = 2048
+MAX_CONTEXT = 4096  # prompt + new tokens, whatever the model allows beyond it
+
+
+def _opt(default, help: str, **extra):
+    """A run setting: its default and the help text its command-line flag shows."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class RunConfig:
+    """Every setting of one run. The CLI's flags are made from these fields (see cli.add_run_flags)."""
+
+    target: str = _opt("smollm2-135m", "preset, folder, .gguf file or hub id")
+    draft: str = _opt("ngram", "ngram, layers:N, head, head:PATH, a model name or path, or none")
+    k: int = _opt(4, f"tokens drafted per round ({K_MIN}-{K_MAX}); a tree's depth")
+    tree_nodes: int = _opt(
+        0, f"draft a token tree of this many nodes, k deep (0: a chain; up to {MAX_TREE_NODES})"
+    )
+    branch: int = _opt(2, f"a tree's candidates per expansion, and nodes expanded per level (1-{MAX_BRANCH})")
+    policy: str = _opt("fixed", "how k changes from round to round", choices=POLICIES)
+    confidence: float = _opt(0.4, "the confidence policy stops drafting below this probability")
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = _opt(128, f"tokens to generate (1-{MAX_NEW_TOKENS})")
+    prompt: str = _opt("", "the text the model continues")
+    chat: bool = _opt(True, "apply the tokenizer's chat template when it has one")
+    baseline: bool = _opt(False, "also decode plainly and compare")
+    device: str | None = _opt(None, "cpu, cuda, cuda:1 (default: best available)")
+    dtype: str | None = _opt(None, "float32, bfloat16, float16 (default: by device)")
+    compile: bool = _opt(False, "torch.compile the models (slow start, faster rounds)")
+
+
+def encode_prompt(target: LoadedModel, prompt: str, chat: bool) -> torch.Tensor:
+    if not prompt or not prompt.strip():
+        raise SpecLensError("the prompt is empty: type something for the model to continue")
+    return torch.tensor([prompt_token_ids(target.tokenizer, prompt, chat)], device=target.device)
+
+
+def context_limit(model: torch.nn.Module) -> int:
+    cfg = model.config.get_text_config()
+    limit = min(MAX_CONTEXT, getattr(cfg, "max_position_embeddings", MAX_CONTEXT) or MAX_CONTEXT)
+    # A sliding-window KV cache cannot be rolled back once it is full.
+    if getattr(cfg, "sliding_window", None):
+        limit = min(limit, cfg.sliding_window)
+    return limit
+
+
+def check_lengths(prompt_len: int, max_new_tokens: int, limit: int) -> None:
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise SpecLensError(f"max new tokens must be from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens}")
+    if prompt_len + max_new_tokens > limit:
+        raise SpecLensError(
+            f"the prompt is {prompt_len} tokens; with {max_new_tokens} new tokens that exceeds "
+            f"this model's {limit}-token context here. Shorten the prompt or ask for fewer tokens"
+        )
+
+
+def library_versions() -> dict[str, str]:
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _load_and_encode(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
+    target = load_model(config.target, config.device, config.dtype, config.compile)
+    return target, encode_prompt(target, config.prompt, config.chat)
+
+
+def fits(config: RunConfig) -> bool:
+    """Whether the prompt and the new tokens fit the target's context here."""
+    target, prompt_ids = _load_and_encode(config)
+    return prompt_ids.shape[1] + config.max_new_tokens <= context_limit(target.model)
+
+
+def _target_and_prompt(config: RunConfig) -> tuple[LoadedModel, torch.Tensor]:
+    target, prompt_ids = _load_and_encode(config)
+    check_lengths(prompt_ids.shape[1], config.max_new_tokens, context_limit(target.model))
+    return target, prompt_ids
+
+
+@dataclass
+class PreparedRun:
+    """One run ready to decode: its models loaded, its prompt encoded and checked."""
+
+    config: RunConfig
+    target: LoadedModel
+    draft: Draft
+    prompt_ids: torch.Tensor
+    eos: set[int]
+    text: Callable[[int], str]  # a token's text, memoised
+    tree: TreeShape | None  # None: chains
+
+    def policy(self) -> Policy:
+        """A fresh policy: an adaptive one changes k as the run goes."""
+        return make_policy(self.config.policy, self.config.k, self.config.confidence)
+
+
+def prepare(config: RunConfig, draft: Draft | None = None) -> PreparedRun:
+    """Load (once; models are cached) and encode; `draft` reuses one already built."""
+    make_policy(config.policy, config.k, config.confidence)  # bad settings fail before any load
+    tree = TreeShape(config.tree_nodes, config.branch) if config.tree_nodes else None
+    target, prompt_ids = _target_and_prompt(config)
+    draft = draft or build_draft(config.draft, target)
+    if draft is None:
+        raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
+    if tree is not None and not draft.drafts_trees:
+        raise SpecLensError(f"a {draft.kind} draft cannot draft a token tree yet: set tree nodes to 0")
+    text = token_texts(target.tokenizer)
+    return PreparedRun(config, target, draft, prompt_ids, eos_ids(target.model, target.tokenizer), text, tree)
+
+
+def iter_speculative(run: PreparedRun, should_stop: StopCheck | None = None) -> Iterator[Trace]:
+    """The traced run, growing round by round (see `speculative.iter_trace`); the
+    last one is finished, its output text set."""
+    c, policy = run.config, run.policy()
+    for trace in iter_trace(
+        run.target.model,
+        run.prompt_ids,
+        run.draft,
+        policy,
+        c.sampling,
+        c.max_new_tokens,
+        run.eos,
+        run.text,
+        run_meta(run, policy),
+        should_stop,
+        run.tree,
+    ):
+        yield trace
+    trace.output.text = run.target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
+
+
+def speculative(run: PreparedRun) -> Trace:
+    """The traced run to its end."""
+    for trace in iter_speculative(run):  # noqa: B007 - the last one is the finished trace
+        pass
+    return trace
+
+
+def untraced(run: PreparedRun) -> Trace:
+    """The same rounds, recording only the totals (what tracing costs, in the benchmark)."""
+    c = run.config
+    return untraced_generate(
+        run.target.model,
+        run.prompt_ids,
+        run.draft,
+        run.policy(),
+        c.sampling,
+        c.max_new_tokens,
+        run.eos,
+        run.tree,
+    )
+
+
+def iter_generate(config: RunConfig, should_stop: StopCheck | None = None) -> Iterator[Trace]:
+    """Load (once), then decode speculatively: the trace after each round, and
+    the finished one last (output text set, compared with plain decoding when
+    `config.baseline` asks and the run was not stopped).
+
+    A run that `should_stop` ends early keeps its rounds and says why in
+    `meta.stopped`.
+    """
+    for trace in iter_speculative(prepare(config), should_stop):
+        yield trace
+    if config.baseline and not trace.meta.stopped:
+        compare_with_plain(trace, config, should_stop)
+    yield trace
+
+
+def generate(config: RunConfig, should_stop: StopCheck | None = None) -> Trace:
+    """`iter_generate` to the end: the finished trace."""
+    for trace in iter_generate(config, should_stop):  # noqa: B007 - the last one is the finished trace
+        pass
+    return trace
+
+
+def compare_with_plain(trace: Trace, config: RunConfig, should_stop: StopCheck | None = None) -> None:
+    """Attach the plain run of the same prompt; a stopped one leaves the trace saying so."""
+    try:
+        trace.attach_baseline(plain_baseline(config, should_stop))
+    except RunStopped as stop:
+        trace.meta.stopped = f"{stop} while decoding plainly to compare"
+
+
+def plain_baseline(config: RunConfig, should_stop: StopCheck | None = None) -> Baseline:
+    """Decode `config.prompt` with the target alone: the reference for speed and output.
+
+    Raises RunStopped when `should_stop` ends it: half a reference compares with nothing.
+    """
+    target, prompt_ids = _target_and_prompt(config)
+    plain = autoregressive_generate(
+        target.model,
+        prompt_ids,
+        config.sampling,
+        config.max_new_tokens,
+        eos_ids(target.model, target.tokenizer),
+        should_stop,
+    )
+    if plain.stopped:
+        raise RunStopped(plain.stopped)
+    text = target.tokenizer.decode(plain.token_ids, skip_special_tokens=True)
+    tps = len(plain.token_ids) / plain.wall_s
+    return Baseline(text, plain.token_ids, plain.wall_s, tps, plain.token_times_s)
+
+
+def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:
+    c, target = run.config, run.target
+    prompt_ids = run.prompt_ids[0].tolist()
+    return RunMeta(
+        # Names, never local paths: a trace is made to be shared.
+        target=public_name(c.target),
+        target_source=public_source(c.target, target.source),
+        draft_kind=run.draft.kind,
+        draft=run.draft.name,
+        device=str(target.device),
+        dtype=str(target.dtype).removeprefix("torch."),
+        compiled=target.compiled,
+        row_kernel=target.row_kernel,
+        packed_output_layer=target.packed,
+        policy=replace(policy),
+        sampling=c.sampling,
+        max_new_tokens=c.max_new_tokens,
+        prompt=c.prompt,
+        chat_template=c.chat and bool(getattr(target.tokenizer, "chat_template", None)),
+        prompt_tokens=len(prompt_ids),
+        prompt_token_texts=[run.text(t) for t in prompt_ids],
+        tree_nodes=c.tree_nodes,
+        branch=c.branch if c.tree_nodes else 0,
+        versions=library_versions(),
+        started=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    )

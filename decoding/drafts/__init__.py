@@ -1,0 +1,65 @@
+"""The draft sources, one module each, and `build_draft`, the factory that names them.
+
+`ngram` (prompt lookup), `model` (a smaller model with the target's
+tokenizer), `layers` (the target's first N layers), `cross_tokenizer` (a model
+with another tokenizer, through text) and `head` (a trained EAGLE-3 head). Each
+implements `decoding.core.proposal.Draft`; this module is the only one that
+imports them all.
+"""
+
+from __future__ import annotations
+
+from ..core.proposal import Draft
+from ..errors import SpecLensError
+from ..models.loading import LoadedModel, compile_forward, load_model
+from ..models.paths import public_name
+from ..runtime.rowlinear import use_row_kernel
+from .cross_tokenizer import CrossTokenizerDraft
+from .head import HeadDraft, load_head, shipped_head
+from .layers import LayerDraft
+from .model import ModelDraft
+from .ngram import NGramDraft
+
+__all__ = ["CrossTokenizerDraft", "HeadDraft", "LayerDraft", "ModelDraft", "NGramDraft", "build_draft"]
+
+
+def build_draft(spec: str, target: LoadedModel) -> Draft | None:
+    """`ngram`, `layers:N`, `head`, `head:PATH`, `none`, or a model name for a separate draft
+    model (one with another tokenizer drafts through text: see cross_tokenizer.py)."""
+    spec = (spec or "").strip()
+    if spec in ("", "none"):
+        return None
+    if spec == "ngram":
+        return NGramDraft()
+    if spec == "head" or spec.startswith("head:"):
+        return _head_draft(spec, target)
+    if spec.startswith("layers:"):
+        try:
+            n = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise SpecLensError(f"layers:N needs a whole number N, got '{spec}'") from None
+        draft = LayerDraft(target.model, n, target.vocab_size)
+        if target.compiled:
+            compile_forward(draft.model)
+        return draft
+    draft = load_model(spec, str(target.device), str(target.dtype).removeprefix("torch."), target.compiled)
+    if same_tokenizer(target.tokenizer, draft.tokenizer):
+        return ModelDraft(draft.model, target.vocab_size, public_name(spec))
+    return CrossTokenizerDraft(draft, target.tokenizer, target.vocab_size, public_name(spec))
+
+
+def _head_draft(spec: str, target: LoadedModel) -> Draft:
+    if target.compiled:
+        raise SpecLensError("a head draft reads the target's layers as it runs: use it without --compile")
+    folder = shipped_head(target.name) if spec == "head" else spec.split(":", 1)[1].strip()
+    head = load_head(folder, target.model, target.device, target.dtype)
+    if target.row_kernel:  # 1.1 ms a drafted token on 2 cores, 3.5 through F.linear
+        # Over the weights' own rows: the head runs one row at a time, where panels
+        # of its small matrices (576 outputs) took 1.3 ms, and packing costs memory.
+        use_row_kernel(head, panels=False)
+    return HeadDraft(head, target.model, "head" if spec == "head" else f"head:{public_name(str(folder))}")
+
+
+def same_tokenizer(target_tok, draft_tok) -> bool:
+    """Whether a draft speaks the target's vocabulary token for token (else it drafts through text)."""
+    return target_tok.get_vocab() == draft_tok.get_vocab()

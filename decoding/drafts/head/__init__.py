@@ -1,0 +1,27 @@
+"""A draft head SpecLens trains, in the EAGLE-3 layout.
+
+A head is one decoder layer that reads three of the target's own hidden
+states (a low, a middle and a high layer, tapped while the target verifies)
+together with the embedding of the next token, and predicts the token after
+it from a reduced draft vocabulary. `model` is the module, `tap` reads the
+target's features, `files` saves and loads it as vLLM and SGLang do, and
+`draft` makes it a draft source.
+"""
+
+from .draft import HeadDraft
+from .files import HEADS_DIR, fingerprint, load_head, save_head, shipped_head
+from .model import EagleHead, HeadCache, HeadConfig
+from .tap import FeatureTap
+
+__all__ = [
+    "HEADS_DIR",
+    "EagleHead",
+    "FeatureTap",
+    "HeadCache",
+    "HeadConfig",
+    "HeadDraft",
+    "fingerprint",
+    "load_head",
+    "save_head",
+    "shipped_head",
+]

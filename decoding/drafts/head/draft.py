@@ -1,0 +1,140 @@
+"""The head as a draft source: k tokens from one target pass's features."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from ...core.proposal import TOP_N, Draft, Proposal, empty_proposal
+from ...core.tree import TokenTree, grow_tree, level_mask
+from ...core.verify import warp
+from ...settings.sampling import Sampling
+from .model import EagleHead, HeadCache
+from .tap import FeatureTap
+
+
+class HeadDraft(Draft):
+    """Drafts with a trained head reading the target's features; `kind` "head"."""
+
+    kind = "head"
+    drafts_trees = True
+
+    def __init__(self, head: EagleHead, target: nn.Module, name: str) -> None:
+        self.head = head
+        self.embed = target.get_input_embeddings()
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        self.tap = FeatureTap.on(target, head.c.aux_layers)
+        self.name = name
+        self.cache = HeadCache()
+        self.fed = 0  # target positions the head has read (its cache's real rows)
+        self.rows: dict[int, list[torch.Tensor]] = {}  # tapped from the target, not yet read
+
+    def reset(self) -> None:
+        self.cache = HeadCache()
+        self.fed = 0
+        self.rows = {}
+
+    def watching_target(self) -> contextlib.AbstractContextManager:
+        return self.tap.recording(self.rows)
+
+    def _read_target(self, seq: torch.Tensor) -> torch.Tensor | None:
+        """Feed the head the target's new features: the output row that predicts the
+        token after `seq`, or None when the features do not line up with `seq`."""
+        feats = self.tap.take(self.rows)
+        n = feats.shape[0]
+        if n == 0 or self.fed + n != seq.shape[1] - 1:
+            return None
+        head = self.head
+        dtype = head.fc.weight.dtype
+        # Feature of position t, embedding of token t+1: the last row predicts the next token.
+        emb = self.embed(seq[0, self.fed + 1 :]).to(dtype)
+        out = head.step(emb, head.fc(feats.to(dtype)), self.cache)[-1:]
+        self.fed += n
+        return out
+
+    @torch.inference_mode()
+    def propose(self, seq, k, sampling, generator, min_confidence=None):
+        out = self._read_target(seq)
+        if out is None:
+            return empty_proposal(seq.device)  # draft nothing
+        head = self.head
+        dtype = head.fc.weight.dtype
+        draft_ids = head.draft_ids
+        tokens, qs, dists, tops = [], [], [], []
+        for _ in range(k):
+            logits = head.logits(out)[0].float()
+            if sampling.greedy:
+                # Over the draft vocabulary only: the rest of the target's has probability 0.
+                probs = logits.softmax(-1)
+                pick = probs.argmax()
+            else:
+                full = self._full_width(logits, draft_ids, sampling)
+                dists.append(full)
+                probs = full[draft_ids]
+                pick = torch.multinomial(probs, 1, generator=generator)[0]
+            tokens.append(draft_ids[pick])
+            qs.append(probs[pick])
+            top = torch.topk(probs, min(TOP_N, probs.shape[0]))
+            tops.append((top.values, draft_ids[top.indices]))
+            if len(tokens) == k or (min_confidence is not None and probs.max().item() < min_confidence):
+                break
+            out = head.step(self.embed(tokens[-1].view(1)).to(dtype), out, self.cache)
+        return Proposal.from_steps(tokens, qs, dists, tops, seq.device)
+
+    def _full_width(
+        self, draft_logits: torch.Tensor, draft_ids: torch.Tensor, sampling: Sampling
+    ) -> torch.Tensor:
+        # Sampling is verified against the target's whole vocabulary, so the draft's
+        # distribution is spread over it, with 0 outside the draft vocabulary.
+        logits = torch.full((self.vocab_size,), float("-inf"), device=draft_logits.device)
+        logits[draft_ids] = draft_logits
+        return warp(logits, sampling)
+
+    @torch.inference_mode()
+    def propose_tree(self, seq, depth, shape, stop_ids):
+        """Each level is one head step over the nodes it expands: a node reads its own
+        token's embedding and, as its feature, the output row that proposed it (EAGLE's
+        draft-time input), seeing the real rows and its ancestors only."""
+        root = self._read_target(seq)
+        if root is None:
+            return TokenTree()
+        head, dtype = self.head, self.head.fc.weight.dtype
+        outputs: dict[int, torch.Tensor] = {-1: root[0]}  # node -> the output row after it
+        slots: dict[int, int] = {}
+
+        def expand(tree: TokenTree, frontier: list[int]) -> list[list[tuple[int, float]]]:
+            if frontier != [-1]:
+                past = len(self.cache)
+                ids = torch.tensor([tree.tokens[i] for i in frontier], device=seq.device)
+                rows = head.step(
+                    self.embed(ids).to(dtype),
+                    torch.stack([outputs[tree.parents[i]] for i in frontier]),
+                    self.cache,
+                    positions=torch.tensor(
+                        [self.fed - 1 + tree.depth(i) for i in frontier], device=seq.device
+                    ),
+                    mask=level_mask(tree, frontier, slots, self.fed, past).to(seq.device),
+                )
+                slots.update({node: past + j for j, node in enumerate(frontier)})
+                outputs.update(zip(frontier, rows))
+            probs = head.logits(torch.stack([outputs[i] for i in frontier])).float().softmax(-1)
+            top = torch.topk(probs, min(shape.branch, probs.shape[-1]))
+            ids = head.draft_ids[top.indices]
+            return [list(zip(i.tolist(), p.tolist())) for p, i in zip(top.values, ids)]
+
+        try:
+            return grow_tree(expand, depth, shape, stop_ids)
+        finally:
+            self.cache.crop(self.fed)
+
+    def rollback(self, length: int, rows: list[int] | None = None) -> None:
+        # Only the rows the target read from its own features are real; the
+        # drafted rows go. Of the tapped rows, those past `length` (or, after a
+        # tree round, those not in `rows`) were refused.
+        self.cache.crop(self.fed)
+        keep = length - self.fed
+        for i, parts in self.rows.items():
+            tapped = torch.cat(parts, dim=0)
+            self.rows[i] = [tapped[:keep] if rows is None else tapped[rows]]

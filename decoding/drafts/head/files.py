@@ -1,0 +1,234 @@
+"""A head's files in EAGLE-3's layout (sharded safetensors, `config.json` as vLLM and SGLang read
+it), the checks that refuse a head made for other weights, and the heads SpecLens ships."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ...errors import SpecLensError
+from .model import EagleHead, HeadConfig
+
+# assets/heads/ at the repository's root, beside decoding/.
+HEADS_DIR = Path(__file__).resolve().parents[3] / "assets" / "heads"
+MAX_HEAD_FILE_BYTES = 10_000_000  # a Space repository takes no larger file without LFS
+
+
+PARAM_SHAPES = {
+    "fc.weight": lambda c: (c.hidden_size, 3 * c.hidden_size),
+    "midlayer.input_layernorm.weight": lambda c: (c.hidden_size,),
+    "midlayer.hidden_norm.weight": lambda c: (c.hidden_size,),
+    "midlayer.post_attention_layernorm.weight": lambda c: (c.hidden_size,),
+    "midlayer.self_attn.q_proj.weight": lambda c: (c.num_attention_heads * c.head_dim, 2 * c.hidden_size),
+    "midlayer.self_attn.k_proj.weight": lambda c: (c.num_key_value_heads * c.head_dim, 2 * c.hidden_size),
+    "midlayer.self_attn.v_proj.weight": lambda c: (c.num_key_value_heads * c.head_dim, 2 * c.hidden_size),
+    "midlayer.self_attn.o_proj.weight": lambda c: (c.hidden_size, c.num_attention_heads * c.head_dim),
+    "midlayer.mlp.gate_proj.weight": lambda c: (c.intermediate_size, c.hidden_size),
+    "midlayer.mlp.up_proj.weight": lambda c: (c.intermediate_size, c.hidden_size),
+    "midlayer.mlp.down_proj.weight": lambda c: (c.hidden_size, c.intermediate_size),
+    "norm.weight": lambda c: (c.hidden_size,),
+    "lm_head.weight": lambda c: (c.draft_vocab_size, c.hidden_size),
+    "d2t": lambda c: (c.draft_vocab_size,),
+    "t2d": lambda c: (c.vocab_size,),
+}
+
+
+def fingerprint(target: nn.Module) -> str:
+    """A short hash of some of the target's weights, the same in float32 and bfloat16."""
+    h = hashlib.sha256()
+    parts = [
+        target.get_input_embeddings().weight[:256],
+        target.model.layers[-1].mlp.down_proj.weight[:16],
+        target.model.norm.weight,
+    ]
+    for t in parts:
+        rounded = t.detach().to("cpu", torch.bfloat16).float().contiguous()
+        h.update(str(tuple(t.shape)).encode())
+        h.update(rounded.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def head_config_json(c: HeadConfig, speclens: dict | None = None) -> dict:
+    """config.json in EAGLE-3's keys (what vLLM and SGLang read), plus SpecLens's own block."""
+    out = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layers)},
+    }
+    if speclens:
+        out["speclens"] = speclens
+    return out
+
+
+def save_head(head: EagleHead, folder: Path, speclens: dict, dtype: torch.dtype = torch.float16) -> None:
+    """Safetensors shards (HF's model-0000N-of-0000M naming), none over 10 MB, and config.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("model*.safetensors*"):
+        old.unlink()
+    state = {
+        name: t.detach().cpu().contiguous()
+        if t.dtype in (torch.long, torch.bool)
+        else t.detach().cpu().to(dtype)
+        for name, t in head.state_dict().items()
+    }
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    for name, t in state.items():
+        size = t.numel() * t.element_size()
+        if shards[-1] and sum(x.numel() * x.element_size() for x in shards[-1].values()) + size > 9_000_000:
+            shards.append({})
+        shards[-1][name] = t
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, fname))
+    index = {"metadata": {}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    (folder / "config.json").write_text(json.dumps(head_config_json(head.c, speclens), indent=2) + "\n")
+
+
+def _read_state(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    bins = sorted(folder.glob("*.bin"))
+    if bins:
+        state = {}
+        for f in bins:
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+        return state
+    raise SpecLensError(f"head folder {folder.name}: no .safetensors or .bin weights")
+
+
+def read_head_config(folder: Path, target_config) -> tuple[HeadConfig, dict]:
+    """The head's config from config.json, checked against the target's model config."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise SpecLensError(f"head folder '{folder}' has no config.json (is it a head folder?)")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecLensError(f"head config.json is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict) or "draft_vocab_size" not in raw:
+        raise SpecLensError("head config.json has no draft_vocab_size: not an EAGLE-3 head")
+    if (
+        not isinstance(raw["draft_vocab_size"], int)
+        or not 0 < raw["draft_vocab_size"] <= target_config.vocab_size
+    ):
+        raise SpecLensError(
+            f"head draft_vocab_size {raw['draft_vocab_size']!r} is not a size within the vocabulary"
+        )
+    if raw.get("hidden_size") != target_config.hidden_size:
+        raise SpecLensError(
+            f"this head is for a target with hidden size {raw.get('hidden_size')}, "
+            f"the target has {target_config.hidden_size}"
+        )
+    if raw.get("vocab_size") != target_config.vocab_size:
+        raise SpecLensError(
+            f"this head is for a vocabulary of {raw.get('vocab_size')} tokens, the target has {target_config.vocab_size}"
+        )
+    base = HeadConfig.for_target(target_config, int(raw["draft_vocab_size"]))
+    eagle = raw.get("eagle_config")
+    layers = (
+        eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    ) or base.aux_layers
+    n_layers = target_config.num_hidden_layers
+    if (
+        not isinstance(layers, list | tuple)
+        or len(layers) != 3
+        or not all(isinstance(i, int) and 0 <= i < n_layers for i in layers)
+    ):
+        raise SpecLensError(f"head reads target layers {layers}, the target has {n_layers}")
+    try:
+        return _head_config(raw, base, tuple(layers)), raw
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise SpecLensError(f"head config.json has a malformed value: {exc}") from None
+
+
+def _head_config(raw: dict, base: HeadConfig, layers: tuple[int, ...]) -> HeadConfig:
+    heads = int(raw.get("num_attention_heads", base.num_attention_heads))
+    if heads % int(raw.get("num_key_value_heads", base.num_key_value_heads)):
+        raise ValueError("num_key_value_heads must divide num_attention_heads")
+    return HeadConfig(
+        hidden_size=base.hidden_size,
+        intermediate_size=int(raw.get("intermediate_size", base.intermediate_size)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads", base.num_key_value_heads)),
+        head_dim=int(raw.get("head_dim") or base.hidden_size // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", base.rms_norm_eps)),
+        rope_theta=float(raw.get("rope_theta", base.rope_theta)),
+        vocab_size=base.vocab_size,
+        draft_vocab_size=base.draft_vocab_size,
+        aux_layers=layers,
+    )
+
+
+def load_head(folder: str | Path, target: nn.Module, device: torch.device, dtype: torch.dtype) -> EagleHead:
+    """A head from its folder, refused with one line if it does not fit `target`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SpecLensError(f"no head folder at '{folder}'")
+    c, raw = read_head_config(folder, target.config)
+    want = (raw.get("speclens") or {}).get("fingerprint")
+    if want and want != (have := fingerprint(target)):
+        raise SpecLensError(
+            f"this head was trained for other weights (fingerprint {want}, the target's is {have})"
+        )
+    try:
+        state = _read_state(folder)
+    except SpecLensError:
+        raise
+    except Exception as exc:  # a truncated or foreign file
+        raise SpecLensError(
+            f"head weights in '{folder.name}' cannot be read: {str(exc).splitlines()[0]}"
+        ) from None
+    state.pop("embed_tokens.weight", None)  # some published heads carry the target's embedding
+    for name, shape_of in PARAM_SHAPES.items():
+        if name not in state:
+            raise SpecLensError(f"head weights lack '{name}': not the EAGLE-3 layout")
+        if tuple(state[name].shape) != shape_of(c):
+            raise SpecLensError(
+                f"head weight '{name}' has shape {tuple(state[name].shape)}, expected {shape_of(c)}"
+            )
+    extra = sorted(set(state) - set(PARAM_SHAPES))
+    if extra:
+        raise SpecLensError(f"head weights have '{extra[0]}', which EAGLE-3's layout does not")
+    draft_ids = torch.arange(c.draft_vocab_size) + state["d2t"].long()
+    if draft_ids.min() < 0 or draft_ids.max() >= c.vocab_size:
+        raise SpecLensError("head d2t maps draft tokens outside the target's vocabulary")
+    head = EagleHead(c)
+    head.load_state_dict(
+        {n: t.to(torch.long) if n == "d2t" else t.bool() if n == "t2d" else t for n, t in state.items()}
+    )
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def shipped_head(target_name: str) -> Path:
+    """assets/heads/<target preset>: the head SpecLens trained for it."""
+    folder = HEADS_DIR / target_name
+    if not (folder / "config.json").is_file():
+        raise SpecLensError(
+            f"no trained head ships for '{target_name}' (see assets/heads/; or use head:PATH)"
+        )
+    return folder

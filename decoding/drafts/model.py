@@ -1,0 +1,76 @@
+"""A separate, smaller causal LM with the target's tokenizer, drafting with its own KV cache."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.proposal import TOP_N, Draft, Proposal, fit_vocab
+from ..core.tree import TokenTree, additive, grow_tree, level_mask
+from ..core.verify import warp
+from ..runtime.forward import crop, forward, new_cache
+
+
+class ModelDraft(Draft):
+    """A smaller causal LM with the target's tokenizer, with its own KV cache."""
+
+    kind = "model"
+    drafts_trees = True
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int, name: str) -> None:
+        self.model = model
+        self.vocab_size = vocab_size  # the target's logits width
+        self.name = name
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = new_cache(self.model)
+
+    def propose(self, seq, k, sampling, generator, min_confidence=None):
+        # Only the tokens the cache has not seen yet: after a round that
+        # kept everything, the last draft token and the bonus token.
+        fresh = seq[:, self.cache.get_seq_length() :]
+        tokens, qs, dists, tops = [], [], [], []
+        for _ in range(k):
+            logits = fit_vocab(forward(self.model, fresh, self.cache, keep=1)[-1], self.vocab_size)
+            if sampling.greedy:
+                probs = logits.float().softmax(-1)
+                token = probs.argmax()
+            else:
+                probs = warp(logits, sampling)
+                token = torch.multinomial(probs, 1, generator=generator)[0]
+                dists.append(probs)
+            tokens.append(token)
+            qs.append(probs[token])
+            tops.append(torch.topk(probs, TOP_N))
+            fresh = token.view(1, 1)
+            if min_confidence is not None and probs.max().item() < min_confidence:
+                break
+        return Proposal.from_steps(tokens, qs, dists, tops, seq.device)
+
+    def rollback(self, length: int, rows: list[int] | None = None) -> None:
+        crop(self.cache, length)
+
+    def propose_tree(self, seq, depth, shape, stop_ids):
+        """Each level is one pass of the draft over the nodes it expands, each node
+        seeing `seq` and its own ancestors; the cache is back at `seq` afterwards."""
+        start = seq.shape[1]
+        slots: dict[int, int] = {}  # node -> its position in the draft's cache
+
+        def expand(tree: TokenTree, frontier: list[int]) -> list[list[tuple[int, float]]]:
+            past = self.cache.get_seq_length()
+            if frontier == [-1]:
+                logits = forward(self.model, seq[:, past:], self.cache, keep=1)
+            else:
+                ids = torch.tensor([[tree.tokens[i] for i in frontier]], device=seq.device)
+                positions = torch.tensor([[start - 1 + tree.depth(i) for i in frontier]], device=seq.device)
+                allowed = level_mask(tree, frontier, slots, start, past).to(seq.device)
+                mask = additive(allowed, self.model.dtype)[None, None]
+                logits = forward(self.model, ids, self.cache, position_ids=positions, mask=mask)
+                slots.update({node: past + j for j, node in enumerate(frontier)})
+            top = torch.topk(fit_vocab(logits, self.vocab_size).float().softmax(-1), shape.branch)
+            return [list(zip(i.tolist(), p.tolist())) for p, i in zip(top.values, top.indices)]
+
+        try:
+            return grow_tree(expand, depth, shape, stop_ids)
+        finally:
+            crop(self.cache, start)

@@ -1,0 +1,46 @@
+"""The Hugging Face Hub: whether a hub id can be had from here, and downloading one."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import snapshot_download, try_to_load_from_cache
+
+from ..errors import HubUnreachableError, first_line
+from .presets import OFFLINE_PRESETS
+
+
+def hub_source(hub_id: str) -> str:
+    """Check a hub id can be had: cached already, or the hub can be reached."""
+    if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+        return hub_id
+    offline_hint = f"Offline presets: {', '.join(OFFLINE_PRESETS)}."
+    if hub_constants.is_offline_mode() or not _hub_reachable():
+        raise HubUnreachableError(
+            f"cannot fetch '{hub_id}': the Hugging Face Hub is not reachable from here "
+            f"(no network?) and the model is not cached. {offline_hint}"
+        )
+    return hub_id
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    # transformers retries an unreachable hub for ~25 s; one quick socket
+    # check gives the user an answer at once instead.
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def download(name: str, hub_id: str) -> str:
+    """Download a hub model's weights (safetensors only, as transformers loads them) and
+    configuration into the Hugging Face cache; returns its folder."""
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    try:
+        return snapshot_download(hub_id, allow_patterns=patterns)
+    except Exception as exc:  # an unknown repository, a gated model, a broken connection
+        raise HubUnreachableError(f"cannot download '{name}': {first_line(exc)}") from None

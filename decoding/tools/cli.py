@@ -1,0 +1,334 @@
+"""`python -m decoding COMMAND`: generate, bench, sweep, probe, metrics, train-head, prepare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from ..api import RunConfig, generate
+from ..errors import SpecLensError
+from ..models.loading import load_model, prepare, quiet_libraries
+from ..settings.environment import cache_dir
+from ..settings.policies import K_MAX, K_MIN
+from ..settings.sampling import Sampling
+from ..trace import Trace, agreement
+from . import metrics
+from .bench import BenchConfig, machine, run_bench
+from .probe import probe
+from .prompts import read_prompts
+from .server_bench import run_server_bench
+from .sweep import parse_sizes, sweep, tree_sweep
+from .train_head import TrainConfig, train_head
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, status 2
+        self.exit(2, f"error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m decoding", description="SpecLens speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("generate", help="decode one prompt speculatively and trace it")
+    add_run_flags(g)
+    g.add_argument("--trace-out", type=Path, help="write the trace JSON here")
+
+    b = sub.add_parser("bench", help="SpecLens vs plain decoding vs Hugging Face, interleaved per prompt")
+    b.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL (category, prompt)")
+    add_run_flags(b, leave_out=("prompt", "baseline"))
+    b.add_argument("--limit", type=int, default=2, help="prompts per category")
+    b.add_argument("--out", type=Path, default=Path("benchmarks/latest"))
+    b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
+    b.add_argument(
+        "--server",
+        help="bench a running vLLM or SGLang instead (http://host:port: its /v1/completions and /metrics)",
+    )
+
+    w = sub.add_parser(
+        "sweep",
+        help="one prompt at each k from --k-from to --k-to (or each tree size), against plain decoding",
+    )
+    add_run_flags(w, leave_out=("k", "tree_nodes", "policy", "confidence", "baseline"))
+    w.add_argument("--k-from", type=int, default=1, help=f"smallest k ({K_MIN}-{K_MAX})")
+    w.add_argument("--k-to", type=int, default=6, help=f"largest k ({K_MIN}-{K_MAX})")
+    w.add_argument(
+        "--tree-sizes", help="sweep these tree sizes instead (e.g. 0,4,8,16; 0: the chain), --depth deep"
+    )
+    w.add_argument("--depth", type=int, default=4, help="the trees' depth k when sweeping --tree-sizes")
+    w.add_argument("--csv-out", type=Path, help="write the table as CSV here")
+
+    _add_tool_commands(sub)
+    return parser
+
+
+def _add_tool_commands(sub) -> None:
+    """The commands that do not decode a prompt: metrics, probe, train-head, prepare."""
+    _add_metrics_command(sub)
+    pr = sub.add_parser("probe", help="time the target's step for 1-17 tokens against this machine's limits")
+    pr.add_argument("--target", default="smollm2-135m")
+    pr.add_argument("--device", default=None)
+    pr.add_argument("--dtype", default=None)
+    pr.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    _add_train_head_command(sub)
+    p = sub.add_parser(
+        "prepare", help="convert offline presets into the model cache, or download hub models (once)"
+    )
+    p.add_argument("models", nargs="*", default=["smollm2-135m"], help="presets or paths to convert")
+
+
+def _add_metrics_command(sub) -> None:
+    m = sub.add_parser(
+        "metrics", help="speculative-decoding figures from a vLLM, SGLang or SpecLens metrics page"
+    )
+    m.add_argument(
+        "pages", nargs="+", metavar="URL_OR_FILE", help="one page, or two for the interval between"
+    )
+    m.add_argument("--json", action="store_true", help="one JSON object instead of a table")
+    m.add_argument(
+        "--interval", type=float, help="read one URL twice, this many seconds apart, and report between"
+    )
+
+
+def _add_train_head_command(sub) -> None:
+    t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for the target on its own answers")
+    t.add_argument("--target", default="smollm2-135m")
+    t.add_argument(
+        "--prompts",
+        type=Path,
+        required=True,
+        help="training prompts (JSONL with 'prompt'); never the dev set",
+    )
+    t.add_argument(
+        "--out", type=Path, required=True, help="the head folder to write (e.g. assets/heads/smollm2-135m)"
+    )
+    t.add_argument(
+        "--work", type=Path, help="where answers, features and checkpoints go (default: the model cache)"
+    )
+    t.add_argument("--answer-tokens", type=int, default=128, help="tokens per generated answer")
+    t.add_argument("--sampled", type=int, default=0, help="sampled answers per prompt besides the greedy one")
+    t.add_argument("--batch-size", type=int, default=16, help="answers generated at once")
+    t.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can propose")
+    t.add_argument("--steps", type=int, default=3, help="training-time-test steps")
+    t.add_argument("--epochs", type=int, default=5)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument(
+        "--prompt-share",
+        type=float,
+        default=0.2,
+        help="share of prompt positions trained on, drawn each epoch (every answer position is)",
+    )
+    t.add_argument(
+        "--holdout",
+        type=float,
+        default=0.1,
+        help="share of the training prompts held out to measure each epoch and keep the best (0: none)",
+    )
+    t.add_argument(
+        "--tune-lm-head", action="store_true", help="train the output layer too (default: the target's rows)"
+    )
+    t.add_argument("--limit", type=int, default=0, help="use only the first N prompts (0: all)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default=None)
+
+
+def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
+    """One flag per `RunConfig` field (its sampling's fields included), help texts and all:
+    generate, bench and sweep take the same settings the same way."""
+
+    for f in [*fields(RunConfig), *fields(Sampling)]:
+        if f.name in (*leave_out, "sampling"):
+            continue
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):  # a switch; one that is on by default is turned off by --no-...
+            off = "--no-" + f.name.replace("_", "-")
+            kind = {"action": "store_false"} if default else {"action": "store_true"}
+            text = f"do not {f.metadata['help']}" if default else f.metadata["help"]
+            parser.add_argument(off if default else flag, dest=f.name, help=text, **kind)
+            continue
+        kind = {"type": type(default) if default is not None else str, "default": default}
+        if "choices" in f.metadata:
+            kind["choices"] = f.metadata["choices"]
+        if f.name == "prompt":
+            kind |= {"required": True, "default": None}
+        parser.add_argument(flag, dest=f.name, help=f.metadata["help"], **kind)
+
+
+def run_config(args: argparse.Namespace, **overrides) -> RunConfig:
+    """The `RunConfig` the flags of `add_run_flags` describe."""
+
+    def given(cls) -> dict:
+        return {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+
+    return RunConfig(**{**given(RunConfig), "sampling": Sampling(**given(Sampling)), **overrides})
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return int(exc.code or 0)
+
+    quiet_libraries()
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "prepare":
+            return _prepare(args)
+        if args.command == "bench":
+            return _bench(args, _command(argv))
+        if args.command == "sweep":
+            return _sweep(args)
+        if args.command == "probe":
+            return _probe(args)
+        if args.command == "metrics":
+            return _metrics(args)
+        if args.command == "train-head":
+            return _train_head(args, _command(argv))
+    except SpecLensError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+def _command(argv: list[str] | None) -> str:
+    """The command line as typed, for results that say how they were made."""
+    return "python -m decoding " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
+def _generate(args: argparse.Namespace) -> int:
+
+    if args.trace_out and not args.trace_out.parent.is_dir():
+        raise SpecLensError(f"cannot write the trace: folder '{args.trace_out.parent}' does not exist")
+    trace = generate(run_config(args))
+    if args.trace_out:
+        trace.save(args.trace_out)
+    print(summary(trace))
+    return 0
+
+
+def _bench(args: argparse.Namespace, command: str) -> int:
+
+    if args.limit < 1:
+        raise SpecLensError(f"--limit must be at least 1, got {args.limit}")
+    if args.server:
+        prompts = read_prompts(args.prompts, args.limit)
+        run_server_bench(args.server, prompts, args.max_new_tokens, args.out, command)
+        print((args.out / "summary.md").read_text())
+        return 0
+    run = run_config(args, prompt="")
+    run_bench(BenchConfig(args.prompts, run, args.limit, args.out, not args.no_warmup, command))
+    print((args.out / "summary.md").read_text())
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+
+    if args.csv_out and not args.csv_out.parent.is_dir():
+        raise SpecLensError(f"cannot write the table: folder '{args.csv_out.parent}' does not exist")
+    lo, hi = sorted((args.k_from, args.k_to))
+    values = parse_sizes(args.tree_sizes) if args.tree_sizes else list(range(lo, hi + 1))
+    name = "N" if args.tree_sizes else "k"
+
+    def report(done: int, total: int) -> None:
+        if done < total:
+            print(f"{name} = {values[done]} ({done + 1} of {total})…", file=sys.stderr)
+
+    if args.tree_sizes:
+        _, table = tree_sweep(run_config(args, k=args.depth), values, report)
+    else:
+        _, table = sweep(run_config(args), values, report)
+    if args.csv_out:
+        table.to_csv(args.csv_out, index=False)
+    print(table.round(3).to_string(index=False))
+    best = table.loc[table["speedup"].idxmax()]
+    print(
+        f"best {name} = {int(best['nodes' if args.tree_sizes else 'k'])}: x{best['speedup']:.2f} over plain decoding"
+    )
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+
+    target = load_model(args.target, args.device, args.dtype, args.compile)
+    print(json.dumps({"machine": machine(), **probe(target)}, indent=1))
+    return 0
+
+
+def _train_head(args: argparse.Namespace, command: str) -> int:
+
+    cfg = TrainConfig(
+        answer_tokens=args.answer_tokens,
+        sampled=args.sampled,
+        batch_size=args.batch_size,
+        draft_vocab=args.draft_vocab,
+        steps=args.steps,
+        epochs=args.epochs,
+        lr=args.lr,
+        prompt_share=args.prompt_share,
+        holdout=args.holdout,
+        tune_lm_head=args.tune_lm_head,
+        seed=args.seed,
+        limit=args.limit,
+    )
+    if min(cfg.answer_tokens, cfg.batch_size, cfg.draft_vocab, cfg.steps, cfg.epochs) < 1 or cfg.limit < 0:
+        raise SpecLensError(
+            "--answer-tokens, --batch-size, --draft-vocab, --steps and --epochs must be at least 1"
+        )
+    if not (0 <= cfg.prompt_share <= 1 and 0 <= cfg.holdout < 1):
+        raise SpecLensError("--prompt-share must be within 0..1 and --holdout within 0..1 (below 1)")
+    target = load_model(args.target, args.device, "float32")
+    work = args.work or cache_dir() / "train-head" / Path(args.out).name
+    card = train_head(target, args.prompts, args.out, work, cfg, command)
+    print(json.dumps(card, indent=1))
+    return 0
+
+
+def _metrics(args: argparse.Namespace) -> int:
+
+    if len(args.pages) > 2 or (args.interval and len(args.pages) != 1):
+        raise SpecLensError(
+            "metrics takes one page, or two for the interval between them (or one and --interval)"
+        )
+    first = metrics.read(args.pages[0])
+    if args.interval:
+        time.sleep(args.interval)
+    later = args.pages[-1] if len(args.pages) == 2 or args.interval else None
+    figures = metrics.interval(first, metrics.read(later)) if later else metrics.summary(first)
+    print(json.dumps(figures) if args.json else metrics.table(figures))
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+
+    for name in args.models:
+        print(f"{name}: {prepare(name)}")
+    return 0
+
+
+def summary(trace: Trace) -> str:
+
+    t, m = trace.totals, trace.meta
+    lines = [
+        trace.output.text,
+        "",
+        f"target {m.target} | draft {m.draft} | policy {m.policy.name} k={m.policy.k} | {m.device} {m.dtype}",
+        f"{t.new_tokens} tokens in {t.rounds} rounds: acceptance {t.acceptance_rate:.1%} "
+        f"({t.accepted}/{t.proposed}), {t.tokens_per_round:.2f} tokens/round, "
+        f"{t.tokens_per_s:.1f} tokens/s",
+    ]
+    if trace.baseline is not None:
+        lines.append(
+            f"plain decoding {t.baseline_tokens_per_s:.1f} tokens/s: speedup x{t.speedup:.2f}, "
+            f"{agreement(trace).sentence}"
+        )
+    if m.stopped:
+        lines.append(f"{m.stopped}: the figures cover the rounds before that")
+    return "\n".join(lines)

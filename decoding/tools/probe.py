@@ -1,0 +1,143 @@
+"""`python -m decoding probe`: the target's step on this machine against what the machine allows.
+
+For n tokens checked in one forward pass, a step can go no faster than the
+larger of two limits: streaming the weights once (weight bytes ÷ memory
+bandwidth) and doing the arithmetic (n × FLOPs per token ÷ the peak of a
+large matrix product). Both limits are measured here, on this machine, with
+the same process and threads the decoder uses.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from ..models.loading import LoadedModel
+from ..runtime.forward import crop, forward, new_cache
+from ..runtime.rowlinear import RowLinear
+
+ROWS = (1, 2, 3, 5, 9, 17)
+CONTEXT = 100  # tokens already in the cache, as in a short chat turn
+
+
+def _best_ms(fn, reps: int) -> float:
+    fn()  # the first call allocates
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def _ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def streaming_reads(mb: int = 256):
+    """Two reads of `mb` MB of float32 that do little else (a matrix-vector product and a sum), and their bytes.
+
+    The limit is the faster of the two: on an AMD EPYC the product read 22 GB/s
+    and the sum 32, and the model's own products stream faster than the
+    product, so the product alone understated the limit. torch's, on the
+    decoder's own threads: numpy's BLAS keeps threads of its own spinning
+    after each call, which slowed the step timed next by ×2-3.
+    """
+    n = int((mb * 2**20 / 4) ** 0.5)
+    a, x = torch.ones(n, n), torch.ones(n)
+    return (lambda: torch.mv(a, x), a.sum), a.numel() * a.element_size()
+
+
+def peak_gflops(n: int = 2048, reps: int = 4) -> float:
+    """The best of torch's and numpy's float32 n×n×n products: the arithmetic the cores can do."""
+    ta, na = torch.ones(n, n), np.ones((n, n), dtype=np.float32)
+    ms = min(_best_ms(lambda: ta @ ta, reps), _best_ms(lambda: na @ na, reps))
+    return 2 * n**3 / ms / 1e6
+
+
+def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
+    """(bytes, parameters) of the weights a step multiplies by: every linear layer, output layer included."""
+    linears = (torch.nn.Linear, RowLinear)
+    weights = [m.weight for m in model.modules() if isinstance(m, linears)]
+    head = model.get_output_embeddings()
+    if head is not None:  # read once per step whatever module holds it
+        weights.append(head.weight)
+    # Tied weights, and the views a fused product leaves its parts, share storage: count it once.
+    storages = {
+        w.untyped_storage().data_ptr(): (w.untyped_storage().nbytes(), w.element_size()) for w in weights
+    }
+    return sum(b for b, _ in storages.values()), sum(b // size for b, size in storages.values())
+
+
+def steps_and_bandwidth(
+    model: torch.nn.Module, rows: tuple[int, ...], reps: int = 15
+) -> tuple[dict, list[float]]:
+    """Times (ms) of one forward pass over n new tokens after CONTEXT cached ones, for each n, and the
+    bandwidth (GB/s) of the faster streaming read just before them, rep by rep: a shared machine's
+    memory changes speed within seconds (33 and 57 GB/s in turn on an AMD EPYC), so each rep's steps
+    are set against what memory did then."""
+    device = model.get_output_embeddings().weight.device
+    cache = new_cache(model)
+    forward(model, torch.arange(CONTEXT, device=device).view(1, -1) % 1000 + 10, cache, keep=1)
+    reads, nbytes = streaming_reads()
+    steps: dict[int, list[float]] = {n: [] for n in rows}
+    bandwidths: list[float] = []
+    for rep in range(reps + 1):  # the first pass of each allocates
+        fastest = min(_ms(read) for read in reads)
+        times = {}
+        for n in rows:
+            ids = torch.arange(n, device=device).view(1, -1) + 20
+            times[n] = _ms(lambda ids=ids: _step(model, ids, cache))
+            crop(cache, CONTEXT)
+        if rep:
+            bandwidths.append(nbytes / fastest / 1e6)
+            for n in rows:
+                steps[n].append(times[n])
+    return steps, bandwidths
+
+
+def _step(model: torch.nn.Module, ids: torch.Tensor, cache) -> None:
+    forward(model, ids, cache)
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
+    """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them.
+
+    `step_ms`, `limit_ms` and `bandwidth_gbs` are medians over the reps;
+    `step_over_limit` is the median of each rep's step against that rep's limit.
+    """
+    weight_bytes, params = matmul_weights(target.model)
+    peak = peak_gflops()
+    steps, bandwidths = steps_and_bandwidth(target.model, rows)
+
+    def limit(n: int, bandwidth: float) -> float:
+        return max(weight_bytes / bandwidth / 1e6, 2 * params * n / peak / 1e6)
+
+    bandwidth = statistics.median(bandwidths)
+    result: dict = {
+        "target": target.name,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device),
+        "row_kernel": target.row_kernel,
+        "packed_output_layer": target.packed,
+        "weight_bytes": weight_bytes,
+        "bandwidth_gbs": round(bandwidth, 2),
+        "peak_gflops": round(peak, 1),
+    }
+    one = statistics.median(steps[rows[0]])
+    for n in rows:
+        paired = [step / limit(n, b) for step, b in zip(steps[n], bandwidths, strict=True)]
+        result[str(n)] = {
+            "step_ms": round(statistics.median(steps[n]), 2),
+            "verify_ratio": round(statistics.median(steps[n]) / one, 3),
+            "limit_ms": round(limit(n, bandwidth), 2),
+            "step_over_limit": round(statistics.median(paired), 3),
+        }
+    return result

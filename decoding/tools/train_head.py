@@ -1,0 +1,390 @@
+"""Training a draft head by self-distillation, in three resumable stages.
+
+1. answers: the target's own answers to the training prompts, generated in
+   batches (greedy, plus `sampled` answers per prompt at temperature 0.7);
+2. features: one target pass per prompt + answer, keeping the three tapped
+   layers and the target's final hidden state (float16, in the work folder);
+3. training: EAGLE-3's training-time test. The head is unrolled `steps`
+   steps, each step reading the previous step's own output feature, exactly
+   as it drafts; the loss is the cross-entropy against the target's
+   distribution over the draft vocabulary at every answer position and a
+   share of the prompt's. Why EAGLE-3's and not EAGLE-1's feature loss:
+   drafting k tokens feeds the head its own features from the second token
+   on, and training on them is what keeps acceptance up at positions 2 and 3.
+   A share of the prompts is held out; each epoch is measured on their
+   answers and the best epoch is kept: with a few hundred answers a head
+   overfits fast (the first head agreed with the target 0.66 of the time on
+   answers it was trained on and 0.34 on others).
+
+Each stage saves what it made in the work folder and is skipped when it is
+already there, so an interrupted run resumes; training saves a checkpoint
+every epoch. Nothing here is used at decoding time.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ..drafts.head import EagleHead, FeatureTap, HeadConfig, fingerprint, save_head
+from ..errors import SpecLensError
+from ..models.loading import LoadedModel
+from ..models.text import chat_text, eos_ids
+from .bench import machine
+from .prompts import read_prompts
+
+
+@dataclass
+class TrainConfig:
+    answer_tokens: int = 128
+    sampled: int = 0  # sampled answers per prompt, besides the greedy one
+    batch_size: int = 16
+    draft_vocab: int = 8192
+    steps: int = 3  # training-time-test depth
+    epochs: int = 5
+    lr: float = 1e-3
+    prompt_share: float = 0.2  # share of prompt positions trained on; every answer position is
+    holdout: float = 0.1  # share of the prompts held out to measure each epoch and pick the best
+    tune_lm_head: bool = False  # train the output layer too (it starts as the target's rows)
+    max_len: int = 1280  # tokens of prompt + answer kept (the end of longer ones)
+    seed: int = 0
+    limit: int = 0  # prompts used, 0 = all (CI's short run)
+
+
+# --- stage 1: answers ---------------------------------------------------------
+
+
+@torch.inference_mode()
+def generate_answers(
+    target: LoadedModel, prompts: list[str], cfg: TrainConfig, path: Path
+) -> list[list[int]]:
+    """Token ids of prompt + answer, one list per (prompt, variant); appended to `path` as made."""
+    done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    have = {(r["prompt"], r["variant"]) for r in done}
+    tok = target.tokenizer
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    pad = tok.pad_token_id
+    jobs = [(p, v) for v in range(1 + cfg.sampled) for p in range(len(prompts)) if (p, v) not in have]
+    # Similar lengths together, so a batch pads little.
+    jobs.sort(key=lambda j: (j[1], len(prompts[j[0]])))
+    bar = tqdm(total=len(jobs), desc="answers", unit="answer", disable=not jobs)
+    with path.open("a") as out:
+        for i in range(0, len(jobs), cfg.batch_size):
+            batch = jobs[i : i + cfg.batch_size]
+            variant = batch[0][1]
+            texts = [chat_text(tok, prompts[p]) for p, _ in batch]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
+            torch.manual_seed(cfg.seed * 1000 + variant * 100 + i)
+            sample = dict(do_sample=True, temperature=0.7) if variant else dict(do_sample=False)
+            ids = target.model.generate(**enc, max_new_tokens=cfg.answer_tokens, pad_token_id=pad, **sample)
+            for row, mask, (p, v) in zip(ids, enc.attention_mask, batch):
+                prompt_len = int(mask.sum())
+                width = enc.input_ids.shape[1]
+                answer = row[width:].tolist()
+                if pad in answer and pad in eos_ids(
+                    target.model, tok
+                ):  # generate pads finished rows with EOS
+                    answer = answer[: answer.index(pad) + 1]
+                seq = row[width - prompt_len : width].tolist() + answer
+                done.append({"prompt": p, "variant": v, "ids": seq})
+                out.write(json.dumps(done[-1]) + "\n")
+            out.flush()
+            bar.update(len(batch))
+    bar.close()
+    return sorted(done, key=lambda r: (r["variant"], r["prompt"]))
+
+
+# --- stage 2: features --------------------------------------------------------
+
+
+@torch.inference_mode()
+def extract_features(
+    target: LoadedModel, sequences: list[list[int]], layers: tuple[int, ...], cfg: TrainConfig
+):
+    """Per sequence: ids, the tapped features [T, 3h] and the final hidden state [T, h], in float16."""
+    tap = FeatureTap.on(target.model, layers)
+    data = []
+    for ids in tqdm(sequences, desc="features", unit="seq"):
+        ids = ids[-cfg.max_len :]
+        x = torch.tensor([ids], device=target.device)
+        rows: dict = {}
+        with tap.recording(rows):
+            final = target.model.model(input_ids=x).last_hidden_state[0]
+        aux = tap.take(rows)
+        data.append({"ids": x[0].cpu(), "aux": aux.half().cpu(), "final": final.half().cpu()})
+    return data
+
+
+def draft_vocabulary(data: list[dict], lm_head: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
+    """The `size` tokens the target predicts most often, sorted by id, and the share of predictions they cover."""
+    counts = torch.zeros(lm_head.shape[0], dtype=torch.long)
+    for d in data:
+        top = (d["final"].float() @ lm_head.float().T).argmax(-1)
+        counts += torch.bincount(top, minlength=lm_head.shape[0])
+    size = min(size, lm_head.shape[0])
+    chosen = torch.topk(counts, size).indices.sort().values
+    return chosen, float(counts[chosen].sum() / counts.sum())
+
+
+# --- stage 3: training --------------------------------------------------------
+
+
+def new_head(target: LoadedModel, draft_ids: torch.Tensor, seed: int) -> EagleHead:
+    """A head with EAGLE-3's shape for the target, its output layer started from the target's rows."""
+    torch.manual_seed(seed)
+    c = HeadConfig.for_target(target.model.config, len(draft_ids))
+    head = EagleHead(c)
+    for m in head.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.02)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.model.get_output_embeddings().weight[draft_ids].float().cpu())
+        head.norm.weight.copy_(target.model.model.norm.weight.float().cpu())
+        head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+        head.t2d.zero_()
+        head.t2d[draft_ids] = True
+    return head
+
+
+def ttt_unroll(
+    head: EagleHead,
+    embed: torch.Tensor,
+    ids: torch.Tensor,
+    aux: torch.Tensor,
+    origins: torch.Tensor,
+    steps: int,
+) -> list[torch.Tensor]:
+    """The head's output rows at each of `steps` draft steps from each origin ([m, h] per step).
+
+    Origin t reads (feature t, token t+1) at step 1 and (its own step j-1
+    output, token t+j) at step j. Its queries see step 1's rows up to t (the
+    target's real features) and its own later steps: what the head sees when
+    it drafts from t. Every position lends step 1 its keys and values; only the
+    origins asked for are unrolled, which is most of a long prompt's cost saved.
+    """
+    attn, mid = head.midlayer.self_attn, head.midlayer
+    n = ids.shape[0] - 1
+    everyone = torch.arange(n)
+    feature = head.fc(aux[:n])
+    q, k, v = attn.project(mid.attention_input(embed[ids[1:]], feature), everyone)
+    keys, values = [attn.expand(k)], [attn.expand(v)]
+    q, feature = q[:, origins], feature[origins]
+    hidden = ~(everyone[None, :] <= origins[:, None])  # step 1's rows after the origin
+    outputs = []
+    for j in range(1, steps + 1):
+        if j > 1:
+            tokens = ids[(origins + j).clamp(max=n)]
+            q, k, v = attn.project(mid.attention_input(embed[tokens], feature), origins + j - 1)
+            keys.append(attn.expand(k))
+            values.append(attn.expand(v))
+        q = q / math.sqrt(head.c.head_dim)
+        s1 = (q @ keys[0].transpose(1, 2)).masked_fill(hidden, float("-inf"))  # [H, m, n]
+        own = [(q * kk).sum(-1, keepdim=True) for kk in keys[1:]]  # its own rows of later steps
+        w = torch.cat([s1, *own], dim=-1).softmax(-1)
+        attended = w[..., :n] @ values[0]
+        for i, vv in enumerate(values[1:]):
+            attended = attended + w[..., n + i : n + i + 1] * vv
+        feature = mid.finish(feature, attended)
+        outputs.append(feature)
+    return outputs
+
+
+def ttt_loss(
+    head: EagleHead,
+    embed: torch.Tensor,
+    d: dict,
+    label_rows: torch.Tensor,
+    steps: int,
+    prompt_share: float,
+    generator: torch.Generator | None = None,
+):
+    """Training-time test on one sequence: (loss, [(agreeing, judged) answer rows per step]).
+
+    Step j from origin t predicts the target's distribution at position t+j.
+    Every origin in the answer is trained, and a random `prompt_share` of the
+    prompt's: drafting happens in answers.
+    """
+    ids, aux, final = d["ids"], d["aux"].float(), d["final"].float()
+    n = ids.shape[0] - 1  # origins 0 .. T-2
+    if n < 1:
+        return None, []
+    everyone = torch.arange(n)
+    answer = everyone >= d["prompt_len"] - 1  # its first label is in the answer
+    origins = everyone[answer | (torch.rand(n, generator=generator) < prompt_share)]
+    loss, figures = torch.zeros(()), []
+    for j, out in enumerate(ttt_unroll(head, embed, ids, aux, origins, steps), start=1):
+        valid = origins + j <= n  # the input token t+j exists
+        if not valid.any():
+            break
+        label = (origins + j)[valid]
+        with torch.no_grad():
+            target_logits = final[label] @ label_rows.T
+        logp = head.logits(out[valid]).log_softmax(-1)
+        loss = loss + (0.8 ** (j - 1)) * -(target_logits.softmax(-1) * logp).sum(-1).mean()
+        judged = label >= d["prompt_len"]
+        agree = logp.argmax(-1) == target_logits.argmax(-1)
+        figures.append((int(agree[judged].sum()), int(judged.sum())))
+    return (loss, figures) if figures else (None, [])
+
+
+def heldout_split(data: list[dict], share: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held out): every sequence of a `share` of the prompts is held out, so the
+    held-out agreement is measured on prompts the head never saw in any variant."""
+    prompts = sorted({d["prompt"] for d in data})
+    held = set(random.Random(seed).sample(prompts, round(share * len(prompts)))) if share > 0 else set()
+    return [d for d in data if d["prompt"] not in held], [d for d in data if d["prompt"] in held]
+
+
+@torch.no_grad()
+def agreement(head: EagleHead, embed: torch.Tensor, data: list[dict], label_rows: torch.Tensor, steps: int):
+    """Top-1 agreement with the target on the answers of `data`, by draft step (teacher-forced)."""
+    head.eval()
+    sums = [[0, 0] for _ in range(steps)]
+    for d in data:
+        _, counts = ttt_loss(head, embed, d, label_rows, steps, 0.0)
+        for s, (agree, judged) in zip(sums, counts):
+            s[0], s[1] = s[0] + agree, s[1] + judged
+    return [round(a / max(b, 1), 4) for a, b in sums]
+
+
+def train(head: EagleHead, target: LoadedModel, data: list[dict], cfg: TrainConfig, checkpoint: Path) -> dict:
+    """Trains in place, resuming from `checkpoint`; leaves the head at its best epoch
+    on the held-out prompts (the last one without any) and returns that epoch's figures."""
+    embed = target.model.get_input_embeddings().weight.detach().float().cpu()
+    label_rows = target.model.get_output_embeddings().weight.detach().float().cpu()[head.draft_ids]
+    # The output layer starts as the target's own rows; left as they are, the head
+    # cannot overfit its largest matrix to a few hundred answers.
+    head.lm_head.weight.requires_grad_(cfg.tune_lm_head)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    fit, held = heldout_split(data, cfg.holdout, cfg.seed)
+    total = cfg.epochs * len(fit)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / total)
+    )
+    epoch0, best = 0, {"figures": {}, "score": -1.0, "head": None}
+    if checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=False)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        epoch0, best = state["epoch"], state["best"]
+    rng = random.Random(cfg.seed)
+    orders = [rng.sample(range(len(fit)), len(fit)) for _ in range(cfg.epochs)]
+    for epoch in range(epoch0, cfg.epochs):
+        head.train()
+        draw = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        sums = [[0, 0] for _ in range(cfg.steps)]
+        bar = tqdm(orders[epoch], desc=f"train {epoch + 1}/{cfg.epochs}", unit="seq")
+        for i in bar:
+            loss, counts = ttt_loss(head, embed, fit[i], label_rows, cfg.steps, cfg.prompt_share, draw)
+            if loss is None:
+                continue
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            sched.step()
+            for s, (agree, judged) in zip(sums, counts):
+                s[0], s[1] = s[0] + agree, s[1] + judged
+            bar.set_postfix(loss=f"{loss.item():.2f}", top1=" ".join(f"{a / max(b, 1):.2f}" for a, b in sums))
+        figures = {"epoch": epoch + 1, "train_top1_by_step": [round(a / max(b, 1), 4) for a, b in sums]}
+        if held:
+            figures["heldout_top1_by_step"] = agreement(head, embed, held, label_rows, cfg.steps)
+            print(f"epoch {epoch + 1}: held-out agreement by step {figures['heldout_top1_by_step']}")
+        # Expected drafts accepted per round of `steps`, were the steps independent.
+        score = sum(math.prod(figures.get("heldout_top1_by_step", [1])[: j + 1]) for j in range(cfg.steps))
+        if not held or score >= best["score"]:
+            best = {"figures": figures, "score": score, "head": copy.deepcopy(head.state_dict())}
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                    "epoch": epoch + 1, "best": best}, checkpoint)  # fmt: skip
+    head.load_state_dict(best["head"])
+    head.eval()
+    return best["figures"]
+
+
+def train_head(
+    target: LoadedModel, prompts_path: Path, out: Path, work: Path, cfg: TrainConfig, command: str
+) -> dict:
+    """The whole run: answers, features, training, then the head folder with its card."""
+    started = time.time()
+    if "dev" in prompts_path.name:
+        raise SpecLensError("refusing to train on a dev file: the dev prompts are what heads are measured on")
+    prompts = [row["prompt"] for row in read_prompts(prompts_path, need_category=False)]
+    prompts = prompts[: cfg.limit] if cfg.limit else prompts
+    work.mkdir(parents=True, exist_ok=True)
+    # Everything but the epoch count: a later run with more epochs trains on from the checkpoint.
+    same = asdict(cfg) | {"prompts": str(prompts_path), "target": target.name, "epochs": None}
+    settings = json.dumps(same, sort_keys=True)
+    stamp = work / "settings.json"
+    if stamp.exists() and stamp.read_text() != settings:
+        raise SpecLensError(f"{work} holds a run with other settings: remove it or pass another --work")
+    stamp.write_text(settings)
+    answers = generate_answers(target, prompts, cfg, work / "answers.jsonl")
+    sequences = [r["ids"] for r in answers]
+    layers = HeadConfig.for_target(target.model.config, cfg.draft_vocab).aux_layers
+    feats_path = work / "features.pt"
+    data = torch.load(feats_path, weights_only=False) if feats_path.exists() else []
+    if len(data) < len(sequences):  # what an interrupted run left undone
+        data += extract_features(target, sequences[len(data) :], layers, cfg)
+        torch.save(data, feats_path)
+    for d, r in zip(data, answers):  # where the answer starts, in the (maybe cut) sequence
+        prompt = target.tokenizer(chat_text(target.tokenizer, prompts[r["prompt"]]), add_special_tokens=False)
+        d["prompt_len"] = len(prompt["input_ids"]) - (len(r["ids"]) - d["ids"].shape[0])
+        d["prompt"] = r["prompt"]
+    lm_head = target.model.get_output_embeddings().weight.detach().cpu()
+    draft_ids, coverage = draft_vocabulary(data, lm_head, cfg.draft_vocab)
+    head = new_head(target, draft_ids, cfg.seed)
+    figures = train(head, target, data, cfg, work / "checkpoint.pt")
+    tokens = sum(int(d["ids"].shape[0]) for d in data)
+    card = {
+        "target": target.name,
+        "fingerprint": fingerprint(target.model),
+        "command": command,
+        "data": f"{prompts_path.name}: {len(prompts)} prompts, {len(sequences)} sequences, {tokens} tokens",
+        "date": _dt.date.today().isoformat(),
+        "machine": machine(),
+        "training_minutes": round((time.time() - started) / 60, 1),
+        "draft_vocab_coverage": round(coverage, 4),
+        "settings": asdict(cfg),
+        **figures,
+    }
+    save_head(head, out, card)
+    (out / "README.md").write_text(head_card(card))
+    return card
+
+
+def head_card(card: dict) -> str:
+    """The head's README: what it drafts for, how it was made, and where it is measured."""
+    top1 = ", ".join(f"{a:.2f}" for a in card.get("train_top1_by_step", []))
+    held = ", ".join(f"{a:.2f}" for a in card.get("heldout_top1_by_step", [])) or "none"
+    n = card["settings"]["sampled"]
+    sampled = f" and {n} sampled at temperature 0.7 per prompt" if n else ""
+    return f"""# EAGLE-3 draft head for {card["target"]}, trained by SpecLens
+
+- Target: `{card["target"]}`, weights fingerprint `{card["fingerprint"]}` (a head is refused by any other weights)
+- Layout: EAGLE-3 (`fc`, `midlayer`, `norm`, `lm_head` over a {card["settings"]["draft_vocab"]}-token draft
+  vocabulary covering {card["draft_vocab_coverage"]:.1%} of the target's predictions on the training data, `d2t`, `t2d`)
+- Data: {card["data"]} (the target's own answers, greedy{sampled}: self-distillation)
+- Training: EAGLE-3 training-time test over {card["settings"]["steps"]} steps, {card["settings"]["epochs"]} epochs,
+  {card["training_minutes"]} minutes on {card["machine"]}, {card["date"]}
+- Agreement with the target, by draft step (teacher-forced, on answers): {top1} on the
+  training prompts, {held} on {card["settings"]["holdout"]:.0%} of them held out (epoch {card["epoch"]} kept)
+- Command:
+
+      {card["command"]}
+
+Acceptance and speed on the dev prompts (never trained on) are measured by
+`python -m decoding bench --draft head`; see `benchmarks/cpu-head-f32/summary.md`.
+"""

@@ -1,0 +1,19 @@
+"""Older trace files in today's words, as plain dicts, before the schema reads them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def rounds_not_steps(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 or 2 trace in today's words: its steps were rounds."""
+
+    def renamed(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+        return {names.get(key, key): value for key, value in d.items()}
+
+    data = dict(data)
+    data["rounds"] = [renamed(r, {"step_ms": "round_ms"}) for r in data.pop("steps")]
+    data["totals"] = renamed(
+        data.get("totals") or {}, {"steps": "rounds", "tokens_per_step": "tokens_per_round"}
+    )
+    return data
