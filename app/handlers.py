@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
@@ -152,39 +155,67 @@ def draft_controls(source: str):
     return gr.update(visible=kind == "layers"), gr.update(visible=kind == "model")
 
 
-def make_config(
-    *,
-    prompt,
-    target,
-    source,
-    n_layers,
-    draft_model,
-    k,
-    policy,
-    confidence,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new,
-    tree_nodes=0,
-    branch=2,
-) -> RunConfig:
-    if len(prompt or "") > MAX_PROMPT_CHARS:
+def make_config(settings: Mapping[str, Any]) -> RunConfig:
+    """A run's settings, from the page's controls named as `SETTINGS` (and the prompt)."""
+    prompt = settings.get("prompt") or ""
+    if len(prompt) > MAX_PROMPT_CHARS:
         raise SpecLensError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; shorten it")
+    target = (settings["target"] or "").strip()
     check_allowed(target)
     return RunConfig(
-        target=(target or "").strip(),
-        draft=draft_spec(source, n_layers, draft_model),
-        k=int(k),
-        policy=policy,
-        confidence=float(confidence),
-        sampling=Sampling(float(temperature), int(top_k), float(top_p), int(seed)),
-        max_new_tokens=int(max_new),
-        prompt=prompt or "",
-        tree_nodes=int(tree_nodes),
-        branch=int(branch),
+        target=target,
+        draft=draft_spec(settings["draft_source"], settings["n_layers"], settings["draft_model"]),
+        k=int(settings["k"]),
+        tree_nodes=int(settings["tree_nodes"]),
+        branch=int(settings["branch"]),
+        policy=settings["policy"],
+        confidence=float(settings["confidence"]),
+        sampling=Sampling(
+            float(settings["temperature"]),
+            int(settings["top_k"]),
+            float(settings["top_p"]),
+            int(settings["seed"]),
+        ),
+        max_new_tokens=int(settings["max_new_tokens"]),
+        prompt=prompt,
     )
+
+
+def by_name(names: tuple[str, ...]) -> Callable:
+    """Gradio hands a handler its inputs one by one; the decorated function takes them as one
+    mapping by name. The wrapper's signature lists the names, so Gradio's API (and gradio_client)
+    names each input as the page does."""
+
+    def wrap(fn: Callable) -> Callable:
+        extra = list(inspect.signature(fn).parameters.values())[1:]  # request, progress
+        positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        signature = inspect.Signature([inspect.Parameter(n, positional) for n in names] + extra)
+
+        def split(args: tuple, kwargs: dict) -> tuple[dict, dict]:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = bound.arguments
+            return {n: values[n] for n in names}, {p.name: values[p.name] for p in extra}
+
+        if inspect.isgeneratorfunction(fn):
+
+            def handler(*args, **kwargs):
+                settings, rest = split(args, kwargs)
+                yield from fn(settings, **rest)
+        else:
+
+            def handler(*args, **kwargs):
+                settings, rest = split(args, kwargs)
+                return fn(settings, **rest)
+
+        handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
+        handler.__signature__ = signature
+        # Gradio finds the request and progress parameters by their types.
+        hints = typing.get_type_hints(fn)
+        handler.__annotations__ = {p.name: hints[p.name] for p in extra if p.name in hints}
+        return handler
+
+    return wrap
 
 
 def download_folder() -> Path:
@@ -217,16 +248,15 @@ def trace_views(trace: Trace) -> list:
     ]
 
 
-# The inputs and outputs of the two model-bound events, by name, in the order the UI wires them
-# (ui.py builds its lists from these; a test holds them to the handlers' parameters).
-EXPLORE_INPUTS = (
-    *("prompt", "target", "source", "n_layers", "draft_model", "k", "tree_nodes", "branch", "policy"),
-    *("confidence", "temperature", "top_k", "top_p", "seed", "max_new", "compare"),
+# The sidebar's settings, named as RunConfig and Sampling name them (the draft is three controls:
+# its source, N for a layer draft, the model for a separate one). The page builds its controls
+# under these names and the handlers read them by these names.
+SETTINGS = (
+    *("target", "draft_source", "n_layers", "draft_model", "k", "tree_nodes", "branch", "policy"),
+    *("confidence", "temperature", "top_k", "top_p", "seed", "max_new_tokens"),
 )
-SWEEP_INPUTS = (
-    *("prompt", "target", "source", "n_layers", "draft_model", "k", "tree_nodes", "branch"),
-    *("temperature", "top_k", "top_p", "seed", "max_new", "sweep_over", "k_from", "k_to", "tree_sizes"),
-)
+EXPLORE_INPUTS = ("prompt", *SETTINGS, "compare")
+SWEEP_INPUTS = ("prompt", *SETTINGS, "sweep_over", "k_from", "k_to", "tree_sizes")
 EXPLORE_OUTPUTS = (
     *("timeline", "text", "cards", "charts", "trace_json", "trace_csv"),
     *("trace_state", "round_slider", "sentence", "tree"),
@@ -236,56 +266,14 @@ CHARTS = 4  # what trace_figures draws
 
 
 @gpu
-def run_explore(
-    prompt,
-    target,
-    source,
-    n_layers,
-    draft_model,
-    k,
-    tree_nodes,
-    branch,
-    policy,
-    confidence,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new,
-    compare,
-    request: gr.Request = None,
-):
+@by_name(EXPLORE_INPUTS)
+def run_explore(settings: dict, request: gr.Request = None):
     """Stream the timeline while decoding, then every view of the finished (or stopped) run."""
     rest = [gr.skip()] * (len(EXPLORE_OUTPUTS) - 3 + CHARTS)  # all but the timeline and the text
     with user_errors(), session_budget(request) as budget:
-        config = make_config(
-            prompt=prompt,
-            target=target,
-            source=source,
-            n_layers=n_layers,
-            draft_model=draft_model,
-            k=k,
-            policy=policy,
-            confidence=confidence,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            max_new=max_new,
-            tree_nodes=tree_nodes,
-            branch=branch,
-        )
-        # Rounds run as the page asks for them: when it goes away Gradio stops asking and the run ends.
-        # The run waits while Gradio sends an update, so updates are spaced to keep that wait under a
-        # fifth of the time (and 0.15 s apart at most often: the browser needs no more).
-        shown = wait = 0.0
-        for trace in iter_generate(config, budget):
-            if time.perf_counter() - shown > max(0.15, 4 * wait):
-                sent = time.perf_counter()
-                yield [timeline_html(trace), "…", *rest]
-                shown = time.perf_counter()
-                wait = shown - sent
-        if compare and not trace.meta.stopped:
+        config = make_config(settings)
+        trace = yield from _stream_rounds(config, budget, rest)
+        if settings["compare"] and not trace.meta.stopped:
             yield [timeline_html(trace), trace.output.text + "\n\n(decoding plainly to compare…)", *rest]
             compare_with_plain(trace, config, budget)
         if trace.meta.stopped:
@@ -300,6 +288,23 @@ def run_explore(
             explain_round_markdown(trace.rounds[0], 0) if trace.rounds else "",
             tree_figure(trace.rounds[0] if trace.rounds else None),
         ]
+
+
+def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list) -> Iterator[list]:
+    """The timeline as the rounds come; returns the finished trace.
+
+    Rounds run as the page asks for them: when it goes away Gradio stops asking and the run ends.
+    The run waits while Gradio sends an update, so updates are spaced to keep that wait under a
+    fifth of the time (and 0.15 s apart at most often: the browser needs no more).
+    """
+    shown = wait = 0.0
+    for trace in iter_generate(config, budget):
+        if time.perf_counter() - shown > max(0.15, 4 * wait):
+            sent = time.perf_counter()
+            yield [timeline_html(trace), "…", *rest]
+            shown = time.perf_counter()
+            wait = shown - sent
+    return trace
 
 
 def round_slider(rounds: int):
@@ -320,50 +325,17 @@ def explain_round(trace_dict: dict | None, round_no: float):
 
 
 @gpu
-def run_sweep(
-    prompt,
-    target,
-    source,
-    n_layers,
-    draft_model,
-    k,
-    tree_nodes,
-    branch,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    max_new,
-    sweep_over,
-    k_from,
-    k_to,
-    tree_sizes,
-    progress=gr.Progress(),
-    request: gr.Request = None,
-):
+@by_name(SWEEP_INPUTS)
+def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr.Request = None):
     """Measured speedup for each k in [k_from, k_to], beside the cost model's predictions;
     or, sweeping tree sizes, for each N at the sidebar's k."""
     with user_errors(), session_budget(request) as budget:
-        lo, hi = sorted((int(k_from), int(k_to)))
-        over_trees = sweep_over == SWEEP_OVER[1]
-        config = make_config(
-            prompt=prompt,
-            target=target,
-            source=source,
-            n_layers=n_layers,
-            draft_model=draft_model,
-            k=k if over_trees else lo,
-            policy="fixed",
-            confidence=RunConfig.confidence,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            max_new=max_new,
-            tree_nodes=0 if over_trees else tree_nodes,
-            branch=branch,
-        )
-        values = parse_sizes(tree_sizes) if over_trees else list(range(lo, hi + 1))
+        lo, hi = sorted((int(settings["k_from"]), int(settings["k_to"])))
+        over_trees = settings["sweep_over"] == SWEEP_OVER[1]
+        # Over trees: each size at the sidebar's k, from the chain up; over k: from lo up.
+        fixed = {"policy": "fixed", **({"tree_nodes": 0} if over_trees else {"k": lo})}
+        config = make_config(settings | fixed)
+        values = parse_sizes(settings["tree_sizes"]) if over_trees else list(range(lo, hi + 1))
         name = "N" if over_trees else "k"
 
         def report(done: int, total: int) -> None:

@@ -22,7 +22,7 @@ def generate_args(prompt=PROMPT, **over):
     args = {
         "prompt": prompt,
         "target": "smollm2-135m",
-        "source": NGRAM,
+        "draft_source": NGRAM,
         "n_layers": 10,
         "draft_model": "smollm2-135m",
         "k": 4,
@@ -34,7 +34,7 @@ def generate_args(prompt=PROMPT, **over):
         "top_k": 0,
         "top_p": 1,
         "seed": 0,
-        "max_new": 20,
+        "max_new_tokens": 20,
         "compare": True,
     }
     args.update(over)
@@ -44,8 +44,8 @@ def generate_args(prompt=PROMPT, **over):
 def sweep_args(prompt=PROMPT, **over):
     args = {
         name: value
-        for name, value in generate_args(prompt, **{"max_new": 16, **over}).items()
-        if name not in ("policy", "confidence", "compare")
+        for name, value in generate_args(prompt, **{"max_new_tokens": 16, **over}).items()
+        if name != "compare"
     }
     return {"sweep_over": "draft length k", "k_from": 1, "k_to": 3, "tree_sizes": "0, 4", **args}
 
@@ -75,20 +75,27 @@ def test_generate_returns_trace_figures_and_downloads(client):
 
 def test_every_draft_source_and_sampling(client):
     for over in (
-        {"source": "trained draft head (EAGLE-3)", "k": 3},
-        {"source": "first N layers of the target", "n_layers": 12, "k": 2},
-        {"source": "separate draft model", "policy": "confidence", "k": 6},
+        {"draft_source": "trained draft head (EAGLE-3)", "k": 3},
+        {"draft_source": "first N layers of the target", "n_layers": 12, "k": 2},
+        {"draft_source": "separate draft model", "policy": "confidence", "k": 6},
         {"temperature": 0.8, "top_p": 0.9, "seed": 3, "policy": "heuristic", "compare": False},
     ):
-        *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=10, **over), api_name="/generate")
+        *_, json_path, _, _, _, _ = client.predict(
+            **generate_args(max_new_tokens=10, **over), api_name="/generate"
+        )
         validate(Trace.load(json_path))
 
 
 def test_the_offline_pair_with_two_tokenizers(client):
     """Gemma-3-270M checks what SmolLM2-135M drafts, as the sidebar's offline pair sets it."""
-    over = {"target": "gemma3-270m", "source": "separate draft model", "draft_model": "smollm2-135m", "k": 3}
+    over = {
+        "target": "gemma3-270m",
+        "draft_source": "separate draft model",
+        "draft_model": "smollm2-135m",
+        "k": 3,
+    }
     timeline, text, cards, *_, json_path, _, _, sentence, _ = client.predict(
-        **generate_args("What is the capital of France?", max_new=12, **over), api_name="/generate"
+        **generate_args("What is the capital of France?", max_new_tokens=12, **over), api_name="/generate"
     )
     trace = Trace.load(json_path)
     validate(trace)
@@ -104,16 +111,16 @@ def test_the_offline_pair_with_two_tokenizers(client):
         ({"prompt": "x" * 60000}, "50,000 characters"),
         ({"target": "no-such-model"}, "unknown model"),
         ({"target": "someone/some-model"}, "not reachable"),
-        ({"source": "first N layers of the target", "n_layers": 40}, "greater than maximum value 29"),
-        ({"source": "separate draft model", "draft_model": "nonsense"}, "unknown model"),
-        ({"source": "trained draft head (EAGLE-3)", "target": "gemma3-270m"}, "no trained head ships"),
+        ({"draft_source": "first N layers of the target", "n_layers": 40}, "greater than maximum value 29"),
+        ({"draft_source": "separate draft model", "draft_model": "nonsense"}, "unknown model"),
+        ({"draft_source": "trained draft head (EAGLE-3)", "target": "gemma3-270m"}, "no trained head ships"),
         ({"prompt": "word " * 9000}, "context"),
     ],
 )
 def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
     with pytest.raises(Exception, match=message):
         client.predict(**generate_args(**over), api_name="/generate")
-    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new_tokens=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -144,14 +151,16 @@ def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeyp
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 2.5)
     monkeypatch.setattr(api, "load_model", slow_load)
     *_, json_path, _, _, _, _ = client.predict(
-        **generate_args(max_new=8, compare=False), api_name="/generate"
+        **generate_args(max_new_tokens=8, compare=False), api_name="/generate"
     )
     trace = Trace.load(json_path)
     assert trace.meta.stopped is None and trace.totals.new_tokens == 8
 
 
 def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(client):
-    job = client.submit(**generate_args("Count from one to two hundred.", max_new=400), api_name="/generate")
+    job = client.submit(
+        **generate_args("Count from one to two hundred.", max_new_tokens=400), api_name="/generate"
+    )
     deadline = time.monotonic() + 120
     while not job.outputs() and time.monotonic() < deadline:  # the first rounds have streamed
         time.sleep(0.2)
@@ -160,7 +169,7 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
     trace = Trace.load(json_path)
     validate(trace)
     assert trace.meta.stopped == "stopped by the user" and 0 < trace.totals.new_tokens < 400
-    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new_tokens=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -180,7 +189,9 @@ def test_n_follows_the_targets_layer_count(client):
 
 def test_a_separate_draft_model_must_be_named(client):
     with pytest.raises(Exception, match="choose a draft model"):
-        client.predict(**generate_args(source="separate draft model", draft_model=""), api_name="/generate")
+        client.predict(
+            **generate_args(draft_source="separate draft model", draft_model=""), api_name="/generate"
+        )
 
 
 def test_two_sessions_get_their_own_traces(live_app):
@@ -188,7 +199,9 @@ def test_two_sessions_get_their_own_traces(live_app):
 
     a, b = (Client(live_app, analytics_enabled=False, verbose=False) for _ in range(2))
     prompts = ["Count: one, two, three, four.", "Name three colours."]
-    jobs = [c.submit(**generate_args(p, max_new=12), api_name="/generate") for c, p in zip((a, b), prompts)]
+    jobs = [
+        c.submit(**generate_args(p, max_new_tokens=12), api_name="/generate") for c, p in zip((a, b), prompts)
+    ]
     for job, prompt in zip(jobs, prompts):
         *_, json_path, _, _, _, _ = job.result(timeout=300)
         assert Trace.load(json_path).meta.prompt == prompt
@@ -205,7 +218,8 @@ def test_sweep(client):
 
 def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
     *_, json_path, _, _, sentence, tree = client.predict(
-        **generate_args(max_new=12, tree_nodes=6, source="trained draft head (EAGLE-3)"), api_name="/generate"
+        **generate_args(max_new_tokens=12, tree_nodes=6, draft_source="trained draft head (EAGLE-3)"),
+        api_name="/generate",
     )
     trace = Trace.load(json_path)
     validate(trace)
@@ -278,7 +292,7 @@ def test_production_tab_reads_a_deployment_beside_this_run(client):
     fake.observe(10, 3)
     server, url = serve(lambda h: reply(h, fake.page()))
     try:
-        client.predict(**generate_args(max_new=12, compare=False), api_name="/generate")
+        client.predict(**generate_args(max_new_tokens=12, compare=False), api_name="/generate")
         positions, best_k, text, page = client.predict(
             f"{url}/metrics", None, None, 0.05, 0.0, api_name="/production"
         )

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
+from huggingface_hub import constants as hub_constants
 
 from decoding.tools.cli import main
 from decoding.trace import Trace, validate
@@ -172,14 +173,14 @@ def test_huge_prompt(capsys, smol):
 
 
 def test_hub_id_offline_names_the_presets(capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     err = run_bad(capsys, "--prompt", "hi", "--target", "someone/some-model")
     assert "not reachable" in err and "smollm2-135m" in err
 
 
 def test_hub_unreachable_answers_fast(capsys, monkeypatch):
     # Not offline by setting: the socket check finds nothing listening.
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     err = run_bad(capsys, "--prompt", "hi", "--target", "someone/some-model")
     assert "not reachable" in err
@@ -209,7 +210,7 @@ def test_cuda_asked_for_without_cuda(capsys):
 
 
 def test_prepare_fetches_a_hub_preset_or_says_why_not(capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     assert main(["prepare", "smollm2-360m"]) == 2
     err = capsys.readouterr().err
     assert "cannot fetch 'HuggingFaceTB/SmolLM2-360M-Instruct'" in err and "not reachable" in err

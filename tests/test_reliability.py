@@ -49,7 +49,9 @@ def one_session(url: str, i: int) -> list[dict]:
     for j in range(2):
         prompt = f"Session {i} run {j}: count to five."
         start = time.monotonic()
-        *_, json_path, _, _, _, _ = client.predict(**generate_args(prompt, max_new=6), api_name="/generate")
+        *_, json_path, _, _, _, _ = client.predict(
+            **generate_args(prompt, max_new_tokens=6), api_name="/generate"
+        )
         total = time.monotonic() - start
         trace = Trace.load(json_path)
         assert trace.meta.prompt == prompt, "another session's trace"
@@ -58,7 +60,9 @@ def one_session(url: str, i: int) -> list[dict]:
     if i % 4 == 0:
         start = time.monotonic()
         prompt = f"Session {i} sweep: a, b, a, b, a, b."
-        table = client.predict(**sweep_args(prompt, max_new=4, draft_model="", k_to=2), api_name="/sweep")[2]
+        table = client.predict(
+            **sweep_args(prompt, max_new_tokens=4, draft_model="", k_to=2), api_name="/sweep"
+        )[2]
         assert [row[0] for row in table["data"]] == [1, 2]
         done.append({"kind": "sweep", "total": time.monotonic() - start, "running": None})
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[i % 3]
@@ -105,7 +109,7 @@ def rss_mb() -> float:
 def test_a_hundred_runs_in_one_process_keep_memory_and_files_flat(smol):
     from app import handlers
 
-    args = list(generate_args(max_new=3, compare=False).values())
+    args = list(generate_args(max_new_tokens=3, compare=False).values())
     samples = {}
     for n in range(1, 101):
         *_, last = handlers.run_explore(*args)  # the final views
@@ -165,7 +169,7 @@ def test_a_run_that_fails_half_way_frees_its_slot(client, monkeypatch, fault, me
     with pytest.raises(Exception, match=message):
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.setattr(NGramDraft, "propose", real)
-    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new_tokens=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4 and not handlers._budgets
 
 
@@ -178,7 +182,7 @@ def test_a_model_that_fails_to_load(client, monkeypatch):
     with pytest.raises(Exception, match="the disk went away"):
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.undo()
-    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new_tokens=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -186,7 +190,7 @@ def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
     from app import handlers
 
     job = client.submit(
-        **generate_args("Count from one to three hundred.", max_new=400), api_name="/generate"
+        **generate_args("Count from one to three hundred.", max_new_tokens=400), api_name="/generate"
     )
     deadline = time.monotonic() + 120
     while not job.outputs() and time.monotonic() < deadline:
@@ -196,7 +200,7 @@ def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
     while handlers._budgets and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not handlers._budgets, "the abandoned run is still running"
-    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new=4), api_name="/generate")
+    *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new_tokens=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
@@ -226,7 +230,7 @@ def test_no_file_outside_the_apps_folders_is_served(live_app, path):
 )
 def test_odd_prompts_run_and_come_back_as_typed(client, prompt):
     *_, json_path, _, _, _, _ = client.predict(
-        **generate_args(prompt, max_new=3, compare=False), api_name="/generate"
+        **generate_args(prompt, max_new_tokens=3, compare=False), api_name="/generate"
     )
     trace = Trace.load(json_path)
     assert trace.meta.prompt == prompt and trace.totals.new_tokens == 3
@@ -235,14 +239,14 @@ def test_odd_prompts_run_and_come_back_as_typed(client, prompt):
 @pytest.mark.parametrize(
     ("over", "message"),
     [
-        ({"k": 16, "max_new": 3}, None),
+        ({"k": 16, "max_new_tokens": 3}, None),
         ({"k": 17}, "greater than maximum"),
         ({"k": 0}, "less than minimum"),
-        ({"temperature": 2.0, "top_p": 0.05, "top_k": 200, "seed": 2**31, "max_new": 3}, None),
+        ({"temperature": 2.0, "top_p": 0.05, "top_k": 200, "seed": 2**31, "max_new_tokens": 3}, None),
         ({"temperature": 2.5}, "greater than maximum"),
         ({"top_p": 0.0}, "less than minimum"),
-        ({"max_new": 513}, "greater than maximum"),
-        ({"seed": -1, "max_new": 3}, None),
+        ({"max_new_tokens": 513}, "greater than maximum"),
+        ({"seed": -1, "max_new_tokens": 3}, None),
     ],
 )
 def test_numeric_fields_at_and_past_their_limits(client, over, message):
@@ -260,7 +264,7 @@ def test_numeric_fields_at_and_past_their_limits(client, over, message):
     [
         {"target": "/etc"},
         {"target": "~/.ssh"},
-        {"source": "separate draft model", "draft_model": "/root"},
+        {"draft_source": "separate draft model", "draft_model": "/root"},
         {"target": "../../etc"},
     ],
 )

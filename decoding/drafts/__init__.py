@@ -53,9 +53,9 @@ def _head_draft(spec: str, target: LoadedModel) -> Draft:
         raise SpecLensError("a head draft reads the target's layers as it runs: use it without --compile")
     folder = shipped_head(target.name) if spec == "head" else spec.split(":", 1)[1].strip()
     head = load_head(folder, target.model, target.device, target.dtype)
-    if target.row_kernel:  # 1.1 ms a drafted token on 2 cores, 3.5 through F.linear
-        # Over the weights' own rows: the head runs one row at a time, where panels
-        # of its small matrices (576 outputs) took 1.3 ms, and packing costs memory.
+    if target.row_kernel:
+        # Over the weights' own rows, not panels: the head runs one row at a time, where
+        # the row kernel beat both F.linear and panels (docs/trained-head.md), and panels cost memory.
         use_row_kernel(head, panels=False)
     return HeadDraft(head, target.model, "head" if spec == "head" else f"head:{public_name(str(folder))}")
 

@@ -13,8 +13,7 @@
    on, and training on them is what keeps acceptance up at positions 2 and 3.
    A share of the prompts is held out; each epoch is measured on their
    answers and the best epoch is kept: with a few hundred answers a head
-   overfits fast (the first head agreed with the target 0.66 of the time on
-   answers it was trained on and 0.34 on others).
+   overfits fast (docs/trained-head.md).
 
 Each stage saves what it made in the work folder and is skipped when it is
 already there, so an interrupted run resumes; training saves a checkpoint

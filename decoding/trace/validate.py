@@ -51,8 +51,6 @@ def _parts_problem(trace: Trace) -> str | None:
     return None
 
 
-
-
 def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
     if not is_int(s.k) or not is_int(s.n_accepted):
         return "k and n_accepted must be whole numbers"
