@@ -86,59 +86,9 @@ def build_demo() -> gr.Blocks:
 
 def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
     """The models and decoding settings, keyed by the names in `handlers.SETTINGS`."""
-    presets = list(PRESETS)
     with gr.Sidebar(label="Models and decoding"):
         pair = gr.Dropdown(list(PAIRS), value=list(PAIRS)[0], label="Model pair", elem_id="pair")
-        s = {
-            "target": gr.Dropdown(
-                presets,
-                value=OFFLINE_PRESETS[0],
-                allow_custom_value=True,
-                label="Target (preset, folder or hub id)",
-            ),
-            "draft_source": gr.Radio(
-                list(h.DRAFT_SOURCES), value="n-gram (prompt lookup)", label="Draft source", elem_id="source"
-            ),
-            # The range follows the target's layer count once it is known.
-            "n_layers": gr.Slider(
-                1, 29, value=10, step=1, label="N (first-N-layers draft)", visible=False, elem_id="n-layers"
-            ),
-            "draft_model": gr.Dropdown(
-                presets,
-                value=None,
-                allow_custom_value=True,
-                label="Draft model (another tokenizer drafts through text)",
-                visible=False,
-            ),
-            "k": gr.Slider(
-                K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round (a tree's depth)"
-            ),
-            "tree_nodes": gr.Slider(
-                0,
-                MAX_TREE_NODES,
-                value=0,
-                step=1,
-                label="Tree nodes N (0 = a chain of k)",
-                elem_id="tree-nodes",
-            ),
-            "branch": gr.Slider(
-                1,
-                MAX_BRANCH,
-                value=2,
-                step=1,
-                label="Tree branching: candidates per expansion",
-                visible=False,
-            ),
-            "policy": gr.Radio(list(POLICIES), value="fixed", label="Draft-length policy"),
-            "confidence": gr.Slider(
-                0.05, 0.95, value=0.4, step=0.05, label="Confidence cut-off", visible=False
-            ),
-            "temperature": gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)"),
-            "top_k": gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)"),
-            "top_p": gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p"),
-            "seed": gr.Number(value=0, precision=0, label="Seed"),
-            "max_new_tokens": gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="max-new"),
-        }
+        s = _setting_controls()
     draft = [s["target"], s["draft_source"], s["n_layers"], s["draft_model"]]
     pair.change(lambda p: PAIRS[p], pair, draft, api_visibility="private")
     gr.on(
@@ -158,6 +108,56 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
         lambda n: gr.update(visible=n > 0), s["tree_nodes"], s["branch"], api_visibility="private"
     )
     return s
+
+
+def _setting_controls() -> dict[str, gr.components.Component]:
+    presets = list(PRESETS)
+    return {
+        "target": gr.Dropdown(
+            presets,
+            value=OFFLINE_PRESETS[0],
+            allow_custom_value=True,
+            label="Target (preset, folder or hub id)",
+        ),
+        "draft_source": gr.Radio(
+            list(h.DRAFT_SOURCES), value="n-gram (prompt lookup)", label="Draft source", elem_id="source"
+        ),
+        # The range follows the target's layer count once it is known.
+        "n_layers": gr.Slider(
+            1, 29, value=10, step=1, label="N (first-N-layers draft)", visible=False, elem_id="n-layers"
+        ),
+        "draft_model": gr.Dropdown(
+            presets,
+            value=None,
+            allow_custom_value=True,
+            label="Draft model (another tokenizer drafts through text)",
+            visible=False,
+        ),
+        "k": gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round (a tree's depth)"),
+        "tree_nodes": gr.Slider(
+            0,
+            MAX_TREE_NODES,
+            value=0,
+            step=1,
+            label="Tree nodes N (0 = a chain of k)",
+            elem_id="tree-nodes",
+        ),
+        "branch": gr.Slider(
+            1,
+            MAX_BRANCH,
+            value=2,
+            step=1,
+            label="Tree branching: candidates per expansion",
+            visible=False,
+        ),
+        "policy": gr.Radio(list(POLICIES), value="fixed", label="Draft-length policy"),
+        "confidence": gr.Slider(0.05, 0.95, value=0.4, step=0.05, label="Confidence cut-off", visible=False),
+        "temperature": gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)"),
+        "top_k": gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)"),
+        "top_p": gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p"),
+        "seed": gr.Number(value=0, precision=0, label="Seed"),
+        "max_new_tokens": gr.Slider(1, 512, value=64, step=1, label="Max new tokens", elem_id="max-new"),
+    }
 
 
 def explore_tab(settings: dict) -> gr.State:

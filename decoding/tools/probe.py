@@ -21,26 +21,30 @@ from ..runtime.rowlinear import RowLinear
 
 ROWS = (1, 2, 3, 5, 9, 17)
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
+CPU = torch.device("cpu")
 
 
-def _best_ms(fn, reps: int) -> float:
-    fn()  # the first call allocates
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":  # the GPU runs behind the host: a time means the work is done
+        torch.cuda.synchronize(device)
 
 
-def _ms(fn) -> float:
+def _ms(fn, device: torch.device = CPU) -> float:
+    _sync(device)
     start = time.perf_counter()
     fn()
+    _sync(device)
     return (time.perf_counter() - start) * 1e3
 
 
-def streaming_reads(mb: int = 256):
-    """Two reads of `mb` MB of float32 that do little else (a matrix-vector product and a sum), and their bytes.
+def _best_ms(fn, reps: int, device: torch.device = CPU) -> float:
+    fn()  # the first call allocates
+    return min(_ms(fn, device) for _ in range(reps))
+
+
+def streaming_reads(mb: int = 256, device: torch.device = CPU):
+    """Two reads of `mb` MB of float32 on `device` that do little else (a matrix-vector product and a
+    sum), and their bytes.
 
     The limit is the faster of the two: on an AMD EPYC the product read 22 GB/s
     and the sum 32, and the model's own products stream faster than the
@@ -49,14 +53,18 @@ def streaming_reads(mb: int = 256):
     after each call, which slowed the step timed next by ×2-3.
     """
     n = int((mb * 2**20 / 4) ** 0.5)
-    a, x = torch.ones(n, n), torch.ones(n)
+    a, x = torch.ones(n, n, device=device), torch.ones(n, device=device)
     return (lambda: torch.mv(a, x), a.sum), a.numel() * a.element_size()
 
 
-def peak_gflops(n: int = 2048, reps: int = 4) -> float:
-    """The best of torch's and numpy's float32 n×n×n products: the arithmetic the cores can do."""
-    ta, na = torch.ones(n, n), np.ones((n, n), dtype=np.float32)
-    ms = min(_best_ms(lambda: ta @ ta, reps), _best_ms(lambda: na @ na, reps))
+def peak_gflops(n: int = 2048, reps: int = 4, device: torch.device = CPU, dtype=torch.float32) -> float:
+    """The arithmetic the device can do in the model's dtype: the best n×n×n product (torch's or,
+    on the CPU, numpy's float32)."""
+    ta = torch.ones(n, n, device=device, dtype=dtype)
+    ms = _best_ms(lambda: ta @ ta, reps, device)
+    if device.type == "cpu" and dtype == torch.float32:
+        na = np.ones((n, n), dtype=np.float32)
+        ms = min(ms, _best_ms(lambda: na @ na, reps))
     return 2 * n**3 / ms / 1e6
 
 
@@ -84,27 +92,22 @@ def steps_and_bandwidth(
     device = model.get_output_embeddings().weight.device
     cache = new_cache(model)
     forward(model, torch.arange(CONTEXT, device=device).view(1, -1) % 1000 + 10, cache, keep=1)
-    reads, nbytes = streaming_reads()
+    # A GPU reads 256 MB in tens of microseconds: a larger read times its memory better.
+    reads, nbytes = streaming_reads(2048 if device.type == "cuda" else 256, device)
     steps: dict[int, list[float]] = {n: [] for n in rows}
     bandwidths: list[float] = []
     for rep in range(reps + 1):  # the first pass of each allocates
-        fastest = min(_ms(read) for read in reads)
+        fastest = min(_ms(read, device) for read in reads)
         times = {}
         for n in rows:
             ids = torch.arange(n, device=device).view(1, -1) + 20
-            times[n] = _ms(lambda ids=ids: _step(model, ids, cache))
+            times[n] = _ms(lambda ids=ids: forward(model, ids, cache), device)
             crop(cache, CONTEXT)
         if rep:
             bandwidths.append(nbytes / fastest / 1e6)
             for n in rows:
                 steps[n].append(times[n])
     return steps, bandwidths
-
-
-def _step(model: torch.nn.Module, ids: torch.Tensor, cache) -> None:
-    forward(model, ids, cache)
-    if ids.device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
@@ -114,7 +117,8 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
     `step_over_limit` is the median of each rep's step against that rep's limit.
     """
     weight_bytes, params = matmul_weights(target.model)
-    peak = peak_gflops()
+    device = target.device
+    peak = peak_gflops(8192 if device.type == "cuda" else 2048, device=device, dtype=target.dtype)
     steps, bandwidths = steps_and_bandwidth(target.model, rows)
 
     def limit(n: int, bandwidth: float) -> float:
