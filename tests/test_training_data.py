@@ -94,3 +94,12 @@ def test_the_command_writes_prompts_and_refuses_the_dev_file(tmp_path, capsys):
     assert main(bad) == 2 and "dev" in capsys.readouterr().err
     with pytest.raises(SpecLensError):
         user_turn_prefix(load_model(str(tiny_model_folder(tmp_path / "plain")), "cpu").tokenizer)
+
+
+def test_a_prompt_holding_a_line_separator_stays_one_prompt(tmp_path):
+    source = tmp_path / "odd.jsonl"
+    text = "First part\u2028second part of one prompt\u0085and a third"
+    source.write_text(json.dumps({"prompt": text}, ensure_ascii=False) + "\n", encoding="utf-8")
+    out = tmp_path / "train.jsonl"
+    assert main(["training-prompts", "--out", str(out), "--prompts", str(source), "--dev", str(DEV)]) == 0
+    assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == [text]

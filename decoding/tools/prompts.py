@@ -21,7 +21,8 @@ def read_prompts(
     if not path.is_file():
         raise SpecLensError(f"no prompts file at '{path}'")
     rows, seen = [], {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    # Split on newlines alone: splitlines() would also cut at the U+2028 a prompt may hold.
+    for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         category, prompt, question_id = _parse(line, need_category, f"{path}:{n}")

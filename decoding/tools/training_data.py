@@ -147,6 +147,6 @@ def write_training_prompts(out: Path, sources: dict[str, list[str]], dev_file: P
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:
         for row in kept:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(json.dumps(row) + "\n")
     counts = {name: sum(r["source"] == name for r in kept) for name in sources}
     return {"prompts": len(kept), "by_source": counts, "dropped": dropped, "dev_file": dev_file.name}
