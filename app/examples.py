@@ -16,7 +16,9 @@ def example_prompts(per_category: int = 1) -> list[str]:
     bench = []
     for line in (PROMPTS / "specbench_dev.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if seen.get(row["category"], 0) < per_category and len(row["prompt"]) < 3000:
+        # Some Spec-Bench prompts start mid-sentence (a passage cut from a longer text): skip those.
+        starts_well = row["prompt"][:1].isupper() or row["prompt"][:1] in "\"'“"
+        if seen.get(row["category"], 0) < per_category and len(row["prompt"]) < 3000 and starts_well:
             seen[row["category"]] = seen.get(row["category"], 0) + 1
             bench.append(row["prompt"])
     return classroom + bench

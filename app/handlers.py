@@ -23,7 +23,7 @@ from typing import Any
 import gradio as gr
 
 from decoding import costmodel
-from decoding.api import RunConfig, compare_with_plain, iter_generate
+from decoding.api import RunConfig, compare_with_plain, iter_generate, prepare
 from decoding.core.budget import RunBudget
 from decoding.errors import SpecLensError
 from decoding.models.loading import layer_count, load_model
@@ -32,7 +32,7 @@ from decoding.settings.sampling import Sampling
 from decoding.tools import metrics
 from decoding.tools.probe import probe
 from decoding.tools.sweep import parse_sizes, sweep, tree_sweep
-from decoding.trace import Trace, agreement, token_frame, validate
+from decoding.trace import Round, Trace, agreement, token_frame, validate
 from visualize.cards import stats_html
 from visualize.charts import (
     acceptance_vs_k,
@@ -158,6 +158,8 @@ def draft_controls(source: str):
 def make_config(settings: Mapping[str, Any]) -> RunConfig:
     """A run's settings, from the page's controls named as `SETTINGS` (and the prompt)."""
     prompt = settings.get("prompt") or ""
+    if not prompt.strip():
+        raise SpecLensError("the prompt is empty: type something for the model to continue")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise SpecLensError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; shorten it")
     target = (settings["target"] or "").strip()
@@ -267,6 +269,15 @@ CHARTS = 4  # what trace_figures draws
 
 @gpu
 @by_name(EXPLORE_INPUTS)
+def check_explore(settings: dict) -> None:
+    """Refuse bad settings before a run starts. This step has no outputs, so the page shows the
+    message alone and every view keeps what it showed."""
+    with user_errors():
+        prepare(make_config(settings))
+
+
+@gpu
+@by_name(EXPLORE_INPUTS)
 def run_explore(settings: dict, request: gr.Request = None):
     """Stream the timeline while decoding, then every view of the finished (or stopped) run."""
     rest = [gr.skip()] * (len(EXPLORE_OUTPUTS) - 3 + CHARTS)  # all but the timeline and the text
@@ -280,14 +291,48 @@ def run_explore(settings: dict, request: gr.Request = None):
             gr.Warning(
                 f"{trace.meta.stopped.capitalize()}: showing the {len(trace.rounds)} rounds before that."
             )
-        yield [
-            *trace_views(trace),
-            *save_downloads(trace),
-            trace.to_dict(),
-            round_slider(len(trace.rounds)),
-            explain_round_markdown(trace.rounds[0], 0) if trace.rounds else "",
-            tree_figure(trace.rounds[0] if trace.rounds else None),
-        ]
+        yield explore_views(trace)
+
+
+def explore_views(trace: Trace) -> list:
+    """Every view of a finished (or stopped) run, in EXPLORE_OUTPUTS' order."""
+    first = trace.rounds[0] if trace.rounds else None
+    return [
+        *trace_views(trace),
+        *save_downloads(trace),
+        trace.to_dict(),
+        round_slider(len(trace.rounds)),
+        explain_round_markdown(first, 0) if first else "",
+        tree_view(first),
+    ]
+
+
+def tree_view(rnd: Round | None, index: int = 0):
+    """A tree round's tree; a chain round has none, so the figure is hidden."""
+    if rnd is None or not rnd.tree:
+        return gr.update(value=None, visible=False)
+    return gr.update(value=tree_figure(rnd, index), visible=True)
+
+
+EXAMPLE_RUN = "summarization-ngram-greedy"  # what a first visit sees before running anything
+
+
+def default_prompt() -> str:
+    """The example run's prompt: where n-gram drafting measurably wins on a 2-core CPU
+    (docs/app.md), so the first Run shows the idea working."""
+    return Trace.load(example_traces()[EXAMPLE_RUN]).meta.prompt
+
+
+def example_run() -> list:
+    """Explore's views filled with a real run replayed from assets/traces/, and the line that says
+    so: a first visit sees the idea at work before it runs anything."""
+    trace = Trace.load(example_traces()[EXAMPLE_RUN])
+    m = trace.meta
+    status = (
+        f"**Example run**, replayed from `assets/traces/{EXAMPLE_RUN}.json` ({m.target}, {m.draft} draft, "
+        f"k = {m.policy.k}, measured on a 2-core CPU). Press **Run** to decode the prompt above here."
+    )
+    return [*explore_views(trace), status]
 
 
 def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list) -> Iterator[list]:
@@ -315,13 +360,32 @@ def round_slider(rounds: int):
 def explain_round(trace_dict: dict | None, round_no: float):
     """The timeline with one round selected, its sentence, and its tree."""
     if not trace_dict:
-        return empty_timeline_html(), "Run a prompt first.", tree_figure(None)
+        return empty_timeline_html(), "Run a prompt first.", tree_view(None)
     trace = Trace.from_dict(trace_dict)
     if not trace.rounds:
-        return timeline_html(trace), "This run has no rounds.", tree_figure(None)
+        return timeline_html(trace), "This run has no rounds.", tree_view(None)
     i = min(max(int(round_no), 1), len(trace.rounds)) - 1
     rnd = trace.rounds[i]
-    return timeline_html(trace, selected=i), explain_round_markdown(rnd, i), tree_figure(rnd, i)
+    return timeline_html(trace, selected=i), explain_round_markdown(rnd, i), tree_view(rnd, i)
+
+
+@gpu
+@by_name(SWEEP_INPUTS)
+def check_sweep(settings: dict) -> None:
+    """Refuse bad sweep settings before the sweep starts (see `check_explore`)."""
+    with user_errors():
+        config, values, _ = sweep_plan(settings)
+        prepare(config)
+
+
+def sweep_plan(settings: Mapping[str, Any]) -> tuple[RunConfig, list[int], bool]:
+    """The first run's settings, the values swept, and whether they are tree sizes."""
+    lo, hi = sorted((int(settings["k_from"]), int(settings["k_to"])))
+    over_trees = settings["sweep_over"] == SWEEP_OVER[1]
+    # Over trees: each size at the sidebar's k, from the chain up; over k: from lo up.
+    fixed = {"policy": "fixed", **({"tree_nodes": 0} if over_trees else {"k": lo})}
+    values = parse_sizes(settings["tree_sizes"]) if over_trees else list(range(lo, hi + 1))
+    return make_config(settings | fixed), values, over_trees
 
 
 @gpu
@@ -330,12 +394,7 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
     """Measured speedup for each k in [k_from, k_to], beside the cost model's predictions;
     or, sweeping tree sizes, for each N at the sidebar's k."""
     with user_errors(), session_budget(request) as budget:
-        lo, hi = sorted((int(settings["k_from"]), int(settings["k_to"])))
-        over_trees = settings["sweep_over"] == SWEEP_OVER[1]
-        # Over trees: each size at the sidebar's k, from the chain up; over k: from lo up.
-        fixed = {"policy": "fixed", **({"tree_nodes": 0} if over_trees else {"k": lo})}
-        config = make_config(settings | fixed)
-        values = parse_sizes(settings["tree_sizes"]) if over_trees else list(range(lo, hi + 1))
+        config, values, over_trees = sweep_plan(settings)
         name = "N" if over_trees else "k"
 
         def report(done: int, total: int) -> None:
@@ -486,12 +545,12 @@ def load_replay(upload: str | None, example: str | None):
 def replay_views(trace: Trace, round_no: int) -> tuple:
     i = min(max(round_no, 1), len(trace.rounds)) - 1
     rnd = trace.rounds[i]
-    return timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(rnd, i), tree_figure(rnd, i)
+    return timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(rnd, i), tree_view(rnd, i)
 
 
 def replay_step(trace_dict: dict | None, round_no: float):
     if not trace_dict:
-        return empty_timeline_html("Load a trace first."), "", tree_figure(None)
+        return empty_timeline_html("Load a trace first."), "", tree_view(None)
     return replay_views(Trace.from_dict(trace_dict), int(round_no))
 
 

@@ -9,6 +9,7 @@ import gradio as gr
 
 from decoding.core.tree import MAX_BRANCH, MAX_TREE_NODES
 from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
+from decoding.models.hub import hub_available
 from decoding.settings.policies import K_MAX, K_MIN, POLICIES
 from visualize.timeline import empty_timeline_html
 
@@ -16,18 +17,21 @@ from . import handlers as h
 from .examples import example_prompts
 
 CSS_PATH = Path(__file__).resolve().parents[1] / "assets" / "speclens.css"
-DEFAULT_PROMPT = "Explain speculative decoding to a ten-year-old in three sentences."
+JS_PATH = CSS_PATH.with_suffix(".js")
 MODEL = {"concurrency_limit": 1, "concurrency_id": "model"}  # one model-bound run at a time
+PRIVATE = {"api_visibility": "private"}
+# Phones: the sidebar starts closed, so the prompt and Run are the first things on the screen.
+ON_LOAD_JS = """() => {
+  if (window.innerWidth < 768) {
+    const toggle = document.querySelector('.sidebar.open .toggle-button');
+    if (toggle) toggle.click();
+  }
+}"""
 
 # A pair sets everything it names: target, draft source, N, and the draft model.
-PAIRS = {
+OFFLINE_PAIRS = {
     "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", 10, None),
-    "SmolLM2-135M · trained draft head (offline)": (
-        "smollm2-135m",
-        "trained draft head (EAGLE-3)",
-        10,
-        None,
-    ),
+    "SmolLM2-135M · trained draft head (offline)": ("smollm2-135m", "trained draft head (EAGLE-3)", 10, None),
     "SmolLM2-135M · its first 10 layers (offline)": (
         "smollm2-135m",
         "first N layers of the target",
@@ -41,16 +45,26 @@ PAIRS = {
         10,
         "smollm2-135m",
     ),
-    **{
-        f"{PRESETS[t].hub_id.split('/')[1]} ← {PRESETS[d].hub_id.split('/')[1]} (hub)": (
-            t,
-            "separate draft model",
-            10,
-            d,
-        )
-        for t, d in HUB_PAIRS
-    },
 }
+HUB_PAIR_SETTINGS = {
+    f"{PRESETS[t].hub_id.split('/')[1]} ← {PRESETS[d].hub_id.split('/')[1]} (hub)": (
+        t,
+        "separate draft model",
+        10,
+        d,
+    )
+    for t, d in HUB_PAIRS
+}
+
+
+def pairs() -> dict[str, tuple]:
+    """The model pairs this server can run: the hub's only where the hub can be reached."""
+    return OFFLINE_PAIRS | (HUB_PAIR_SETTINGS if hub_available() else {})
+
+
+def presets() -> list[str]:
+    """Targets and drafts offered by name: the offline presets, and the hub's where it can be reached."""
+    return list(PRESETS) if hub_available() else OFFLINE_PRESETS
 
 
 def _figures(n: int) -> list[gr.Plot]:
@@ -69,16 +83,17 @@ def build_demo() -> gr.Blocks:
             "# SpecLens\nA small **draft** guesses the next tokens; the **target** checks them all in one pass "
             "and keeps the ones it would have written itself. Watch every guess and every verdict."
         )
+        demo.load(None, None, None, js=ON_LOAD_JS)
         settings = sidebar(demo)
         with gr.Tabs():
             with gr.Tab("Explore"):
-                trace_state = explore_tab(settings)
-            with gr.Tab("Draft-length sweep"):
+                trace_state = explore_tab(demo, settings)
+            with gr.Tab("Sweep"):
                 sweep_tab(settings)
             with gr.Tab("Theory"):
                 theory_tab(demo, settings["target"])
             with gr.Tab("Replay"):
-                replay_tab()
+                replay_tab(demo)
             with gr.Tab("Production"):
                 production_tab(trace_state)
     return demo
@@ -87,10 +102,11 @@ def build_demo() -> gr.Blocks:
 def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
     """The models and decoding settings, keyed by the names in `handlers.SETTINGS`."""
     with gr.Sidebar(label="Models and decoding"):
-        pair = gr.Dropdown(list(PAIRS), value=list(PAIRS)[0], label="Model pair", elem_id="pair")
+        offered = pairs()
+        pair = gr.Dropdown(list(offered), value=list(offered)[0], label="Model pair", elem_id="pair")
         s = _setting_controls()
     draft = [s["target"], s["draft_source"], s["n_layers"], s["draft_model"]]
-    pair.change(lambda p: PAIRS[p], pair, draft, api_visibility="private")
+    pair.change(lambda p: offered[p], pair, draft, api_visibility="private")
     gr.on(
         [s["target"].change, demo.load],
         h.layer_range,
@@ -111,10 +127,10 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
 
 
 def _setting_controls() -> dict[str, gr.components.Component]:
-    presets = list(PRESETS)
+    names = presets()
     return {
         "target": gr.Dropdown(
-            presets,
+            names,
             value=OFFLINE_PRESETS[0],
             allow_custom_value=True,
             label="Target (preset, folder or hub id)",
@@ -127,7 +143,7 @@ def _setting_controls() -> dict[str, gr.components.Component]:
             1, 29, value=10, step=1, label="N (first-N-layers draft)", visible=False, elem_id="n-layers"
         ),
         "draft_model": gr.Dropdown(
-            presets,
+            names,
             value=None,
             allow_custom_value=True,
             label="Draft model (another tokenizer drafts through text)",
@@ -160,20 +176,21 @@ def _setting_controls() -> dict[str, gr.components.Component]:
     }
 
 
-def explore_tab(settings: dict) -> gr.State:
-    """One run: the streamed timeline, a round explained, cards, charts and downloads. Returns the
-    run's trace, which the Production tab counts too."""
-    prompt = gr.Textbox(value=DEFAULT_PROMPT, lines=3, label="Prompt", elem_id="prompt")
+def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
+    """One run: the streamed timeline, a round explained, cards, charts and downloads. It opens on
+    an example run. Returns the run's trace, which the Production tab counts too."""
+    prompt = gr.Textbox(value=h.default_prompt(), lines=3, max_lines=6, label="Prompt", elem_id="prompt")
+    with gr.Row(equal_height=True):
+        compare = gr.Checkbox(value=True, label="Compare with plain decoding", min_width=160)
+        run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
+        stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
     gr.Examples([[p] for p in example_prompts()], inputs=prompt, label="Examples (classroom and Spec-Bench)")
-    with gr.Row():
-        compare = gr.Checkbox(value=True, label="Compare with plain decoding")
-        run = gr.Button("Run", variant="primary", elem_id="run")
-        stop = gr.Button("Stop", variant="stop", elem_id="stop")
+    status = gr.Markdown(elem_id="run-status", elem_classes="sl-status")
     views = {"timeline": gr.HTML(empty_timeline_html(), elem_id="timeline")}
     with gr.Row():
         views["round_slider"] = gr.Slider(1, 2, value=1, step=1, label="Explain round", elem_id="round")
     views["sentence"] = gr.Markdown(elem_classes="sl-sentence", elem_id="sentence")
-    views["tree"] = gr.Plot(show_label=False, elem_id="tree-plot")
+    views["tree"] = gr.Plot(show_label=False, elem_id="tree-plot", visible=False)
     views["cards"] = gr.HTML(elem_id="cards")
     views["text"] = gr.Textbox(label="Output text", lines=4, elem_id="output")
     views["charts"] = _figures(h.CHARTS)
@@ -181,10 +198,10 @@ def explore_tab(settings: dict) -> gr.State:
         views["trace_json"] = gr.File(label="Trace JSON", elem_id="trace-json")
         views["trace_csv"] = gr.File(label="Token events CSV", elem_id="trace-csv")
     views["trace_state"] = gr.State()
-    inputs = {**settings, "prompt": prompt, "compare": compare}
-    _while_running(
-        run, stop, h.run_explore, _wire(inputs, h.EXPLORE_INPUTS), _wire(views, h.EXPLORE_OUTPUTS), "generate"
-    )
+    outputs = _wire(views, h.EXPLORE_OUTPUTS)
+    demo.load(h.example_run, None, [*outputs, status], api_name="example_run")
+    inputs = _wire({**settings, "prompt": prompt, "compare": compare}, h.EXPLORE_INPUTS)
+    _while_running(run, stop, (h.check_explore, h.run_explore), inputs, outputs, "generate", status)
     views["round_slider"].change(
         h.explain_round,
         [views["trace_state"], views["round_slider"]],
@@ -219,7 +236,9 @@ def sweep_tab(settings: dict) -> None:
     table = gr.Dataframe(label="Per k", interactive=False)
     csv = gr.File(label="Sweep CSV")
     outputs = [speedup_plot, accept_plot, table, csv, summary]
-    _while_running(button, stop, h.run_sweep, _wire(inputs, h.SWEEP_INPUTS), outputs, "sweep")
+    _while_running(
+        button, stop, (h.check_sweep, h.run_sweep), _wire(inputs, h.SWEEP_INPUTS), outputs, "sweep"
+    )
 
 
 def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
@@ -280,7 +299,7 @@ def _tree_theory(demo: gr.Blocks, alpha, c, growth) -> None:
 def _simulation(alpha) -> None:
     gr.Markdown("### Simulate\nRandom rounds at acceptance α, no model: watch them arrive.")
     with gr.Row():
-        gamma = gr.Slider(1, 10, value=4, step=1, label="γ")
+        gamma = gr.Slider(1, 10, value=4, step=1, label="k: tokens drafted per round")
         rounds = gr.Slider(1, 30, value=8, step=1, label="rounds")
         seed = gr.Number(value=0, precision=0, label="seed")
         button = gr.Button("Simulate", elem_id="simulate")
@@ -294,29 +313,28 @@ def _simulation(alpha) -> None:
     stop.click(None, None, None, cancels=[simulation], api_visibility="private")
 
 
-def replay_tab() -> None:
-    """A saved trace, round by round: no model needed."""
+def replay_tab(demo: gr.Blocks) -> None:
+    """A saved trace, round by round: no model needed. It opens on an example."""
     gr.Markdown("Open a saved trace: no model needed. Step through it round by round.")
     with gr.Row():
         upload = gr.File(label="Trace JSON", file_types=[".json"], type="filepath", elem_id="upload")
-        example = gr.Dropdown(list(h.example_traces()), label="…or an example trace", elem_id="example")
+        example = gr.Dropdown(
+            list(h.example_traces()), value=h.EXAMPLE_RUN, label="…or an example trace", elem_id="example"
+        )
         load_btn = gr.Button("Load", variant="primary", elem_id="load")
     with gr.Row():
         prev_btn = gr.Button("◀ previous", elem_id="prev")
         step = gr.Slider(1, 2, value=1, step=1, label="Round", interactive=False, elem_id="replay-round")
         next_btn = gr.Button("next ▶", elem_id="next")
     sentence = gr.Markdown(elem_classes="sl-sentence", elem_id="replay-sentence")
-    tree = gr.Plot(show_label=False, elem_id="replay-tree")
+    tree = gr.Plot(show_label=False, elem_id="replay-tree", visible=False)
     timeline = gr.HTML(empty_timeline_html("Load a trace."), elem_id="replay-timeline")
     cards = gr.HTML()
     figs = _figures(h.CHARTS)
     state = gr.State()
-    load_btn.click(
-        h.load_replay,
-        [upload, example],
-        [state, step, timeline, sentence, tree, cards, *figs],
-        api_name="replay",
-    )
+    outputs = [state, step, timeline, sentence, tree, cards, *figs]
+    load_btn.click(h.load_replay, [upload, example], outputs, api_name="replay")
+    demo.load(h.load_replay, [upload, example], outputs, **PRIVATE)
     step.change(h.replay_step, [state, step], [timeline, sentence, tree], api_name="replay_step")
     prev_btn.click(lambda r: max(1, r - 1), step, step, api_visibility="private")
     next_btn.click(lambda r: r + 1, step, step, api_visibility="private")
@@ -362,21 +380,37 @@ def _wire(components: dict, names: tuple[str, ...]) -> list:
     return wired
 
 
-def _while_running(button, stop, fn, inputs, outputs, api_name: str) -> None:
+def _while_running(button, stop, check_and_run, inputs, outputs, api_name: str, status=None) -> None:
     """A model-bound event: its button is disabled while it runs, and Stop ends it at the next round.
 
-    Stop asks the run to end rather than cancelling the event, so a stopped
-    run still shows every view of the rounds it finished.
+    The settings are checked first, in a step with no outputs: a refused input shows its message
+    alone, every view keeps what it showed, and the button comes back. Stop asks the run to end
+    rather than cancelling the event, so a stopped run still shows every view of the rounds it
+    finished.
     """
-    disable = button.click(lambda: gr.update(interactive=False), None, button, api_visibility="private")
-    run = disable.then(fn, inputs, outputs, api_name=api_name, **MODEL)
-    run.then(lambda: gr.update(interactive=True), None, button, api_visibility="private")
+    check, fn = check_and_run
+    off = [gr.update(interactive=False)] + ([""] if status is not None else [])
+    disable = button.click(lambda: off, None, [button] + ([status] if status is not None else []), **PRIVATE)
+    checked = disable.then(check, inputs, None, **PRIVATE, **MODEL)
+    # The run's progress shows on its first view alone, so an error marks no other view.
+    run = checked.success(fn, inputs, outputs, api_name=api_name, show_progress_on=outputs[:1], **MODEL)
+    for step in (checked, run):
+        step.failure(_enable, None, button, **PRIVATE)
+    run.success(_enable, None, button, **PRIVATE)
     stop.click(h.request_stop, None, None, queue=False, api_name=f"stop_{api_name}")
+
+
+def _enable():
+    return gr.update(interactive=True)
 
 
 def launch_options() -> dict:
     """127.0.0.1 here, 0.0.0.0 on Spaces; Gradio's own GRADIO_SERVER_* variables win."""
-    options = {"css": CSS_PATH.read_text(), "theme": gr.themes.Soft()}
+    options = {
+        "css": CSS_PATH.read_text(),
+        "head": f"<script>{JS_PATH.read_text()}</script>",
+        "theme": gr.themes.Soft(),
+    }
     if "GRADIO_SERVER_NAME" not in os.environ:
         options["server_name"] = "0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1"
     return options

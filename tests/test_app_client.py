@@ -226,7 +226,7 @@ def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
     assert trace.meta.tree_nodes == 6 and all(r.tree is not None for r in trace.rounds)
     assert trace.totals.identical_to_baseline is True
     assert "a tree of" in sentence
-    names = {d.get("name") for d in figure_json(tree)["data"]}
+    names = {d.get("name") for d in figure_json(tree["value"])["data"]}  # shown: a tree round
     assert "accepted path" in names and "last verified" in names
     speedup, cost, table, csv_path, summary = client.predict(
         **sweep_args(sweep_over="tree size N (depth k)", tree_sizes="4, 0", k=3), api_name="/sweep"

@@ -100,7 +100,7 @@ def test_explore_run_timeline_charts_and_download(page):
 
 
 def test_sweep_three_points(page):
-    page.get_by_role("tab", name="Draft-length sweep").click()
+    page.get_by_role("tab", name="Sweep").click()
     set_number(page, "k-to", 3)
     page.click("#sweep")
     page.wait_for_function(
@@ -241,6 +241,8 @@ def test_the_pair_with_two_tokenizers_from_the_sidebar(page):
     page.click("#run")
     page.wait_for_function("document.querySelector('#cards').innerText.includes('identical')", timeout=LONG)
     assert "draft token" in page.locator("#timeline [data-round='0'] .sl-label").inner_text()
-    tips = page.locator("#timeline .sl-rounds .sl-tok").evaluate_all("chips => chips.map(c => c.title)")
+    tips = page.locator("#timeline .sl-rounds .sl-tok").evaluate_all(
+        "chips => chips.map(c => c.dataset.tip || )"
+    )
     assert any("the draft's own token" in t for t in tips)
     page.screenshot(path=ARTIFACTS / "two-tokenizers.png", full_page=True)

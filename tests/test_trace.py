@@ -14,7 +14,7 @@ from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
 from decoding.errors import TraceError
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
-from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, RunMeta, Trace, token_frame, validate
+from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, TRACE_VERSION, RunMeta, Trace, token_frame, validate
 
 V1_TRACE = Path(__file__).parent / "data" / "trace-v1.json"  # written before verdicts had kinds
 
@@ -106,7 +106,7 @@ def test_version_1_traces_load_with_kinds_and_without_unjudged_numbers():
     assert "version" not in old and "kind" not in old["steps"][0]["verdicts"][0]
     trace = Trace.load(V1_TRACE)
     validate(trace)
-    assert trace.version == 3
+    assert trace.version == TRACE_VERSION  # migrated to today's
     discarded = [v for s in trace.rounds for v in s.verdicts if v.kind == "discarded"]
     assert len(discarded) == 46  # 31 of them said "accept prob = 1.000" before
     assert all(v.p is None and v.accept_prob is None for v in discarded)
@@ -128,7 +128,7 @@ def test_version_2_traces_load_with_rounds_and_typed_totals():
         assert trace.totals.tokens_per_round == old["totals"]["tokens_per_step"]
         assert [r.round_ms for r in trace.rounds] == [s["step_ms"] for s in old["steps"]]
         data = trace.to_dict()
-        assert data["version"] == 3 and "steps" not in data and "steps" not in data["totals"]
+        assert data["version"] == TRACE_VERSION and "steps" not in data and "steps" not in data["totals"]
         assert Trace.from_dict(data).to_dict() == data
 
 

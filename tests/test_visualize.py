@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as html_lib
 import subprocess
 import sys
 from dataclasses import replace
@@ -68,7 +69,8 @@ def test_timeline_escapes_and_colours_every_kind():
         assert f'class="sl-tok sl-{kind}"' in html
     assert html.count("data-round=") == 3
     assert "↵" in html  # a newline token stays visible
-    assert "q (draft) = 0.800" in html and "accept prob" in html  # the hover text
+    tips = html_lib.unescape(html)  # the popover text, as the page shows it
+    assert "draft's probability q = 0.800" in tips and "chance to keep" in tips
 
 
 def test_timeline_upto_and_selected():
@@ -181,11 +183,11 @@ def test_decoding_imports_no_ui_code():
 
 
 def chips(html: str, kind: str) -> list[str]:
-    """The title (hover text) of every chip of one kind, unescaped."""
+    """The popover text of every chip of one kind, unescaped."""
     import html as html_lib
     import re
 
-    return [html_lib.unescape(t) for t in re.findall(rf'class="sl-tok sl-{kind}" title="([^"]*)"', html)]
+    return [html_lib.unescape(t) for t in re.findall(rf'class="sl-tok sl-{kind}" data-tip="([^"]*)"', html)]
 
 
 def test_discarded_tokens_are_greyed_unjudged_and_out_of_the_acceptance_chart():
@@ -195,7 +197,7 @@ def test_discarded_tokens_are_greyed_unjudged_and_out_of_the_acceptance_chart():
     assert (v[2].p, v[2].accept_prob, v[2].u) == (None, None, None)  # it came in with numbers: dropped
     html = timeline_html(trace)
     (tip,) = chips(html, "discarded")
-    assert "never judged" in tip and "accept prob" not in tip and "p (target)" not in tip
+    assert "never judged" in tip and "chance to keep" not in tip and "target's probability" not in tip
     assert "discarded draft (never judged)" in html  # the legend
     df = token_frame(trace)
     assert df[df["kind"] == "discarded"][["p", "accept_prob", "u", "output_index"]].isna().all().all()
@@ -248,3 +250,26 @@ def test_round_sentences_in_markdown_escape_token_text():
     text = explain_round_markdown(step, 0)
     assert "<img" not in text and "&lt;img src=x&gt;" in text
     assert r"\*\*bold\*\* \[a\]\(b\)" in text and r"\$\$x\$\$" in text
+
+
+def test_a_round_that_drafted_nothing_is_the_target_alone_and_out_of_the_histogram():
+    old = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # version 3
+    alone = [r for r in old.rounds if r.k == 0]
+    assert alone and all(r.emitted.kind == "target" for r in alone)  # read as today's word
+    validate(old)
+    html = timeline_html(old)
+    assert 'class="sl-tok sl-target"' in html and "target alone (nothing drafted)" in html
+    histogram = accepted_length_histogram(old)
+    assert sum(histogram.data[0].y) == len(old.rounds) - len(alone)
+    assert f"{len(alone)} rounds that drafted nothing left out" in histogram.layout.xaxis.title.text
+
+
+def test_acceptance_by_position_names_its_counts_and_greys_the_thin_ones():
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    fig = trace_figures(trace)[0]
+    judged = [r for _, r in fig.data[0].customdata]
+    assert list(fig.data[0].text) == [f"n={n}" for n in judged]
+    green, grey = "#2e9d5b", "#b8b8b8"
+    assert list(fig.data[0].marker.color) == [green if n >= 5 else grey for n in judged]
+    thin = hand_made()  # one round: every position judged fewer than 5 times
+    assert set(trace_figures(thin)[0].data[0].marker.color) == {"#b8b8b8"}

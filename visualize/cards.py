@@ -8,7 +8,7 @@ from decoding.trace import Trace, agreement
 
 
 def _card(label: str, value: str, cls: str = "", tip: str = "") -> str:
-    return f'<div class="sl-card {cls}" title="{escape(tip, quote=True)}"><div class="sl-card-value">{escape(value)}</div><div class="sl-card-label">{escape(label)}</div></div>'
+    return f'<div class="sl-card {cls}" data-tip="{escape(tip, quote=True)}" tabindex="0"><div class="sl-card-value">{escape(value)}</div><div class="sl-card-label">{escape(label)}</div></div>'
 
 
 def stats_html(trace: Trace) -> str:

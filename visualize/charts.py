@@ -23,6 +23,10 @@ COLORS = {
 }
 
 
+INK = "#7d8797"  # 3.7:1 on white, 5:1 on Gradio's dark background
+GRID = "rgba(128, 128, 128, 0.25)"
+
+
 def _layout(fig: go.Figure, title: str, x: str, y: str, whole_x: bool = False) -> go.Figure:
     if whole_x:  # positions, counts and draft lengths are whole numbers
         fig.update_xaxes(dtick=1)
@@ -31,11 +35,20 @@ def _layout(fig: go.Figure, title: str, x: str, y: str, whole_x: bool = False) -
         xaxis_title=x,
         yaxis_title=y,
         template="plotly_white",
+        # Transparent, with a grey that reads on a light and on a dark page: the app's theme shows through.
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="rgba(0,0,0,0)",
+        font={"color": INK},
         margin={"l": 50, "r": 20, "t": 50, "b": 45},
         height=320,
         legend={"orientation": "h", "y": -0.25},
     )
+    fig.update_xaxes(gridcolor=GRID, zerolinecolor=GRID)
+    fig.update_yaxes(gridcolor=GRID, zerolinecolor=GRID)
     return fig
+
+
+MIN_JUDGED = 5  # fewer judged tokens at a position than this, and its rate is greyed as too few
 
 
 def acceptance_by_position(trace: Trace) -> go.Figure:
@@ -45,28 +58,36 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
             x=[j + 1 for j, _, _ in rows],
             y=[a / r if r else 0 for _, r, a in rows],
             customdata=[[a, r] for _, r, a in rows],
+            text=[f"n={r}" for _, r, _ in rows],
+            textposition="outside",
             hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} accepted<extra></extra>",
-            marker_color=COLORS["accepted"],
+            marker_color=[COLORS["accepted"] if r >= MIN_JUDGED else COLORS["discarded"] for _, r, _ in rows],
         )
     )
-    fig.update_yaxes(range=[0, 1])
+    fig.update_yaxes(range=[0, 1.12])
     # Only judged tokens count: a position is judged when every earlier draft
     # token of its round was accepted; discarded tokens never were.
     return _layout(
         fig,
         "Acceptance by draft position",
-        "draft position (judged tokens only; discarded ones are not counted)",
+        f"draft position (judged tokens only, n of them; grey: fewer than {MIN_JUDGED})",
         "acceptance rate",
         whole_x=True,
     )
 
 
 def accepted_length_histogram(trace: Trace) -> go.Figure:
-    counts = Counter(s.n_accepted for s in trace.rounds)
-    top = max([s.k for s in trace.rounds] + [0])
+    # A round that drafted nothing accepted nothing by no verdict of the target: it is left out.
+    drafted = [s for s in trace.rounds if s.k]
+    counts = Counter(s.n_accepted for s in drafted)
+    top = max([s.k for s in drafted] + [0])
     xs = list(range(top + 1))
     fig = go.Figure(go.Bar(x=xs, y=[counts.get(x, 0) for x in xs], marker_color=COLORS["bonus"]))
-    return _layout(fig, "Accepted tokens per round", "accepted draft tokens", "rounds", whole_x=True)
+    left_out = len(trace.rounds) - len(drafted)
+    x_title = "accepted draft tokens" + (
+        f" ({left_out} round{'s' * (left_out != 1)} that drafted nothing left out)" if left_out else ""
+    )
+    return _layout(fig, "Accepted tokens per round", x_title, "rounds", whole_x=True)
 
 
 def round_time_split(trace: Trace) -> go.Figure:

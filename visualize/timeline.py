@@ -25,6 +25,7 @@ KIND_LABELS = {
     "discarded": "discarded draft (never judged)",
     "correction": "target's correction",
     "bonus": "target's bonus",
+    "target": "target alone (nothing drafted)",
 }
 
 
@@ -40,7 +41,8 @@ def _fmt(x: float | None) -> str:
 
 
 def _token(kind: str, text: str, tip: str) -> str:
-    return f'<span class="sl-tok sl-{kind}" title="{escape(tip, quote=True)}">{_shown(text)}</span>'
+    # data-tip, not title: the page's popover (assets/speclens.js) opens on hover and on a tap.
+    return f'<span class="sl-tok sl-{kind}" data-tip="{escape(tip, quote=True)}" tabindex="0">{_shown(text)}</span>'
 
 
 def _top_lines(title: str, top: list[TopToken] | None, symbol: str) -> str:
@@ -94,11 +96,15 @@ def _translation_line(rnd: Round, j: int) -> str:
 
 def _draft_chip(rnd: Round, j: int, prompt_texts: list[str]) -> str:
     tok, v = rnd.draft[j], rnd.verdicts[j]
-    tip = f"{KIND_LABELS[v.kind]} · position {j + 1}\nq (draft) = {_fmt(tok.q)}"
+    tip = f"{KIND_LABELS[v.kind]} · position {j + 1}\ndraft's probability q = {_fmt(tok.q)}"
     if v.kind == "discarded":
         tip += "\nnever judged: it came after a rejected token, so the target's scores for it mean nothing"
     else:
-        tip += f"\np (target) = {_fmt(v.p)}\naccept prob = {_fmt(v.accept_prob)}\nu = {_fmt(v.u)}"
+        tip += (
+            f"\ntarget's probability p = {_fmt(v.p)}\nchance to keep = min(1, p ÷ q) = {_fmt(v.accept_prob)}"
+        )
+        if v.u is not None:
+            tip += f"\nrandom draw u = {_fmt(v.u)} (kept when below the chance to keep)"
     if v.kind == "rejected":
         tip += _turn_lines(rnd)
     return _token(v.kind, tok.text, tip + _match_line(rnd, prompt_texts) + _translation_line(rnd, j))
@@ -108,7 +114,7 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
     chips = [_draft_chip(rnd, j, prompt_texts) for j in range(rnd.k)]
     if rnd.emitted is not None:
         e = rnd.emitted
-        tip = f"{KIND_LABELS[e.kind]}\np (target) = {_fmt(e.p)}" + _turn_lines(rnd)
+        tip = f"{KIND_LABELS[e.kind]}\ntarget's probability p = {_fmt(e.p)}" + _turn_lines(rnd)
         chips.append(_token(e.kind, e.text, tip))
     cls = "sl-round sl-selected" if selected else "sl-round"
     timing = f"{rnd.round_ms:.0f} ms"
@@ -140,10 +146,36 @@ def _prompt_html(trace: Trace, selected: Round | None) -> str:
             marks[i] = "sl-match-key"
         for i in range(m.start, min(m.start + selected.k, len(texts))):
             marks[i] = "sl-match-copy"
-    spans = "".join(
+    spans = [
         f'<span class="{mark}">{escape(t)}</span>' if mark else escape(t) for t, mark in zip(texts, marks)
-    )
-    return f'<span class="sl-tok sl-prompt" title="{escape(tip, quote=True)}">{spans}</span>'
+    ]
+    start, end = _typed_span(texts, meta.prompt) if meta.chat_template else (0, len(texts))
+    parts = [_template_fold(spans[:start]), "".join(spans[start:end]), _template_fold(spans[end:])]
+    return f'<span class="sl-tok sl-prompt" data-tip="{escape(tip, quote=True)}">{"".join(parts)}</span>'
+
+
+def _typed_span(texts: list[str], typed: str) -> tuple[int, int]:
+    """The tokens [start, end) that spell what the user typed; the rest is the chat template's."""
+    joined = "".join(texts)
+    at = joined.find(typed.strip()) if typed.strip() else -1
+    if at < 0:
+        return 0, len(texts)
+    start = end = 0
+    offset = 0
+    for i, t in enumerate(texts):
+        if offset + len(t) <= at:
+            start = i + 1
+        if offset < at + len(typed.strip()):
+            end = i + 1
+        offset += len(t)
+    return start, end
+
+
+def _template_fold(spans: list[str]) -> str:
+    """The chat template's tokens folded into one chip that opens on a click."""
+    if not spans:
+        return ""
+    return f'<details class="sl-template"><summary>chat template</summary>{"".join(spans)}</details>'
 
 
 def legend_html() -> str:

@@ -50,9 +50,7 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
         n_accepted=n,
         emitted=None
         if emitted is None
-        else Emitted(
-            emitted, token_text(emitted), "bonus" if n == len(ids) else "correction", float(v.p_emitted)
-        ),
+        else Emitted(emitted, token_text(emitted), _emitted_kind(n, len(ids)), float(v.p_emitted)),
         draft_ms=0.0,
         verify_ms=0.0,
         round_ms=0.0,
@@ -91,3 +89,11 @@ def _top(probs: torch.Tensor, ids: torch.Tensor, token_text: Callable[[int], str
 def _top_of(dist: torch.Tensor, token_text: Callable[[int], str]) -> list[TopToken]:
     """The TOP_N most likely tokens of a distribution."""
     return _top(*torch.topk(dist.float(), min(TOP_N, dist.shape[-1])), token_text)
+
+
+def _emitted_kind(n_accepted: int, k: int) -> str:
+    """The target's own token: alone when nothing was drafted, a bonus after a fully kept draft,
+    else a correction."""
+    if k == 0:
+        return "target"
+    return "bonus" if n_accepted == k else "correction"

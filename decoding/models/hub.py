@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 
@@ -44,3 +45,9 @@ def download(name: str, hub_id: str) -> str:
         return snapshot_download(hub_id, allow_patterns=patterns)
     except Exception as exc:  # an unknown repository, a gated model, a broken connection
         raise HubUnreachableError(f"cannot download '{name}': {first_line(exc)}") from None
+
+
+@functools.cache
+def hub_available() -> bool:
+    """Whether this process can reach the hub at all (asked once): the app offers hub models only then."""
+    return not hub_constants.is_offline_mode() and _hub_reachable(timeout=1.5)

@@ -17,3 +17,17 @@ def rounds_not_steps(data: dict[str, Any]) -> dict[str, Any]:
         data.get("totals") or {}, {"steps": "rounds", "tokens_per_step": "tokens_per_round"}
     )
     return data
+
+
+def target_alone(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 to 3 trace called the token of a round that drafted nothing a bonus; it is the
+    target's own token, with no draft to be a bonus to."""
+    if not isinstance(data.get("rounds"), list):
+        return data  # malformed: the schema's reader says so
+    rounds = []
+    for r in data["rounds"]:
+        emitted = r.get("emitted") if isinstance(r, dict) else None
+        if isinstance(emitted, dict) and r.get("k") == 0 and emitted.get("kind") == "bonus":
+            r = r | {"emitted": emitted | {"kind": "target"}}
+        rounds.append(r)
+    return data | {"rounds": rounds}

@@ -15,12 +15,13 @@ from ..errors import SpecLensError, TraceError
 from ..settings.policies import Policy
 from ..settings.sampling import Sampling
 from .fields import is_num, meta_problem
-from .migrate import rounds_not_steps
+from .migrate import rounds_not_steps, target_alone
 
-TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bonus")
+TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bonus", "target")
 # 1: verdicts without `kind`, discarded tokens carried numbers. 2: kinds, top-5 lists, n-gram matches.
 # 3: "rounds" (not "steps"), `round_ms`, totals with `rounds` and `tokens_per_round`.
-TRACE_VERSION = 3
+# 4: a round that drafted nothing emits the target's own token as kind "target" (was "bonus").
+TRACE_VERSION = 4
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Verdict:
 class Emitted:
     id: int
     text: str
-    kind: str  # "correction" or "bonus"
+    kind: str  # "correction", "bonus", or "target" when the round drafted nothing
     p: float  # the target's probability of this token
 
 
@@ -353,6 +354,8 @@ class Trace:
                 raise TraceError(f"not a SpecLens trace: unknown version {version!r}")
             if version < 3:
                 data = rounds_not_steps(data)
+            if version < 4:
+                data = target_alone(data)
             baseline = data.get("baseline")
             rounds = [_round_from_dict(r) for r in data["rounds"]]
             totals = data.get("totals")

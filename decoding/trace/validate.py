@@ -80,7 +80,7 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
         if s.n_accepted == 0 or not is_last:
             return "nothing was emitted, which only the last round may do after an accepted end of text"
         return None
-    expected = "bonus" if s.n_accepted == s.k else "correction"
+    expected = "target" if s.k == 0 else "bonus" if s.n_accepted == s.k else "correction"
     if s.emitted.kind != expected:
         return f"the emitted token is a {s.emitted.kind!r}, expected a {expected!r}"
     if not is_int(s.emitted.id) or not isinstance(s.emitted.text, str) or not is_prob(s.emitted.p):
