@@ -258,7 +258,7 @@ SETTINGS = (
     *("confidence", "temperature", "top_k", "top_p", "seed", "max_new_tokens"),
 )
 EXPLORE_INPUTS = ("prompt", *SETTINGS, "compare")
-SWEEP_INPUTS = ("prompt", *SETTINGS, "sweep_over", "k_from", "k_to", "tree_sizes")
+SWEEP_INPUTS = ("prompt", *SETTINGS, "sweep_over", "k_from", "k_to", "tree_sizes", "repeats")
 EXPLORE_OUTPUTS = (
     *("timeline", "text", "cards", "charts", "trace_json", "trace_csv"),
     *("trace_state", "round_slider", "sentence", "tree"),
@@ -400,33 +400,45 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
         def report(done: int, total: int) -> None:
             progress(
                 done / total,
-                desc=f"{name} = {values[done]} ({done + 1} of {total})" if done < total else "done",
+                desc=f"{name} = {values[done % len(values)]} (run {done + 1} of {total})"
+                if done < total
+                else "done",
             )
 
         if over_trees:
-            traces, table = tree_sweep(config, values, report, budget)
+            traces, table = tree_sweep(config, values, report, budget, int(settings["repeats"]))
             figures = tree_size_curve(table), tree_verify_cost(table)
         else:
-            traces, table = sweep(config, values, report, budget)
+            traces, table = sweep(config, values, report, budget, int(settings["repeats"]))
             figures = speedup_curve(table), acceptance_vs_k(table)
         summary = sweep_summary(table, traces, "nodes" if over_trees else "k")
         if len(traces) < len(values):
-            summary += (
-                f" **{budget() or 'Stopped'}** after {name} = {', '.join(map(str, values[: len(traces)]))}."
-            )
+            finished = ", ".join(str(t.meta.tree_nodes if over_trees else t.meta.policy.k) for t in traces)
+            summary += f" **{budget() or 'Stopped'}**: only {name} = {finished} finished every repeat."
         csv_path = download_folder() / "speclens-sweep.csv"
         table.to_csv(csv_path, index=False)
         return *figures, table.round(3), str(csv_path), summary
 
 
 def sweep_summary(table, traces: list[Trace], column: str) -> str:
-    best = table.loc[table["speedup"].idxmax()]
-    label = f"N = {int(best['nodes'])}" if column == "nodes" else f"k = {int(best['k'])}"
-    return (
-        f"**Best {label}**: ×{best['speedup']:.2f} over plain decoding "
-        f"({best['tokens_per_s']:.1f} vs {best['baseline_tokens_per_s']:.1f} tokens/s), "
-        f"{best['tokens_per_round']:.2f} tokens per round; {sweep_agreement(traces)}."
-    )
+    """The best setting, where one beats the rest beyond the spread of their repeats; else why not."""
+    name = "N" if column == "nodes" else "k"
+    repeats = int(table["repeats"].min())
+    best = table[table["best"]]
+    if best.empty:
+        top = table.loc[table["speedup"].idxmax()]
+        head = (
+            f"**No clear best {name}**: the highest median, ×{top['speedup']:.2f} at {name} = {int(top[column])}, "
+            f"lies within another setting's spread over {repeats} repeats"
+        )
+    else:
+        row = best.iloc[0]
+        head = (
+            f"**Best {name} = {int(row[column])}**: ×{row['speedup']:.2f} over plain decoding "
+            f"(×{row['speedup_low']:.2f}–{row['speedup_high']:.2f} over {repeats} repeats, each against "
+            f"its own plain run), {row['tokens_per_round']:.2f} tokens per round"
+        )
+    return f"{head}; {sweep_agreement(traces)}."
 
 
 def sweep_agreement(traces: list[Trace]) -> str:

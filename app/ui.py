@@ -11,6 +11,7 @@ from decoding.core.tree import MAX_BRANCH, MAX_TREE_NODES
 from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
 from decoding.models.hub import hub_available
 from decoding.settings.policies import K_MAX, K_MIN, POLICIES
+from decoding.tools.sweep import MAX_REPEATS
 from visualize.timeline import empty_timeline_html
 
 from . import handlers as h
@@ -215,7 +216,9 @@ def sweep_tab(settings: dict) -> None:
     """One prompt for every k in a range, or for every tree size at the sidebar's k."""
     gr.Markdown(
         "Runs one prompt for every k in the range, or for every tree size at the sidebar's k, "
-        "with the models and sampling set on the left."
+        "with the models and sampling set on the left. Each setting runs *Repeats* times, each time "
+        "right after a plain run of its own, the settings taking turns: the chart shows the median "
+        "and, as bars, the lowest and highest."
     )
     inputs = {**settings, "prompt": gr.Textbox(value=example_prompts()[1], lines=3, label="Prompt")}
     with gr.Row():
@@ -227,6 +230,7 @@ def sweep_tab(settings: dict) -> None:
         inputs["tree_sizes"] = gr.Textbox(
             value="0, 4, 8, 16", label="Tree sizes N (0 = the chain)", elem_id="tree-sizes"
         )
+        inputs["repeats"] = gr.Slider(1, MAX_REPEATS, value=3, step=1, label="Repeats", elem_id="repeats")
         button = gr.Button("Sweep", variant="primary", elem_id="sweep")
         stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
     summary = gr.Markdown(elem_id="sweep-summary")

@@ -47,7 +47,14 @@ def sweep_args(prompt=PROMPT, **over):
         for name, value in generate_args(prompt, **{"max_new_tokens": 16, **over}).items()
         if name != "compare"
     }
-    return {"sweep_over": "draft length k", "k_from": 1, "k_to": 3, "tree_sizes": "0, 4", **args}
+    return {
+        "sweep_over": "draft length k",
+        "k_from": 1,
+        "k_to": 3,
+        "tree_sizes": "0, 4",
+        "repeats": 2,
+        **args,
+    }
 
 
 def figure_json(fig: dict) -> dict:
@@ -211,8 +218,11 @@ def test_sweep(client):
     speedup, acceptance, table, csv_path, summary = client.predict(**sweep_args(), api_name="/sweep")
     assert [row[0] for row in table["data"]] == [1, 2, 3]
     names = [d.get("name") for d in figure_json(speedup)["data"]]
-    assert {"measured", "Leviathan (V = 1 step)", "measured verify cost", "best"} <= set(names)
-    assert "Best k" in summary
+    assert {"measured", "Leviathan (V = 1 step)", "measured verify cost"} <= set(names)
+    # A best k is starred only where it beats the others beyond their spread; the summary says which.
+    assert ("best" in names) == ("Best k =" in summary) and (
+        "Best k =" in summary or "No clear best k" in summary
+    )
     assert Path(csv_path).read_text().startswith("k,acceptance_rate")
 
 
@@ -231,7 +241,9 @@ def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
     speedup, cost, table, csv_path, summary = client.predict(
         **sweep_args(sweep_over="tree size N (depth k)", tree_sizes="4, 0", k=3), api_name="/sweep"
     )
-    assert [row[0] for row in table["data"]] == [0, 4] and "Best N" in summary
+    assert [row[0] for row in table["data"]] == [0, 4] and (
+        "Best N =" in summary or "No clear best N" in summary
+    )
     assert Path(csv_path).read_text().startswith("nodes,tokens_per_round")
     with pytest.raises(Exception, match="tree sizes are whole numbers"):
         client.predict(**sweep_args(sweep_over="tree size N (depth k)", tree_sizes="four"), api_name="/sweep")

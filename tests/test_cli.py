@@ -15,7 +15,7 @@ from conftest import ROOT, tiny_model_folder
 from huggingface_hub import constants as hub_constants
 
 from decoding.tools.cli import main
-from decoding.trace import Trace, validate
+from decoding.trace import TRACE_VERSION, Trace, validate
 
 PROMPT = "Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm."
 
@@ -50,7 +50,9 @@ def test_generate_end_to_end_subprocess(tmp_path, smol):
     assert set(data["meta"]) >= {"target", "draft_kind", "draft", "device", "dtype", "policy", "sampling"}
     assert data["meta"]["prompt_tokens"] > 10
     assert len(data["meta"]["prompt_token_texts"]) == data["meta"]["prompt_tokens"]
-    assert data["version"] == 3 and {v["kind"] for s in data["rounds"] for v in s["verdicts"]} <= {
+    assert data["version"] == TRACE_VERSION and {
+        v["kind"] for s in data["rounds"] for v in s["verdicts"]
+    } <= {
         "accepted",
         "rejected",
         "discarded",
@@ -291,17 +293,42 @@ def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
 def test_sweep_prints_a_table_and_writes_it(tmp_path, capsys, smol):
     prompt = "Repeat exactly: the cat sat on the mat. the cat sat on the mat."
     out = tmp_path / "sweep.csv"
-    argv = ["sweep", "--prompt", prompt, "--k-from", "3", "--k-to", "2", "--max-new-tokens", "8"]
+    argv = [
+        "sweep",
+        "--prompt",
+        prompt,
+        "--k-from",
+        "3",
+        "--k-to",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--repeats",
+        "2",
+    ]
     assert main([*argv, "--csv-out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "best k = " in printed and "tokens_per_round" in printed
+    assert ("best k = " in printed or "no clear best k" in printed) and "tokens_per_round" in printed
     table = pd.read_csv(out)
     assert list(table["k"]) == [2, 3] and table["identical_to_baseline"].all()
     assert main(["sweep", "--prompt", prompt, "--k-from", "0", "--k-to", "3"]) == 2
     assert "sweep k values must lie in 1..16" in capsys.readouterr().err
-    trees = ["sweep", "--prompt", prompt, "--tree-sizes", "4, 0", "--depth", "3", "--max-new-tokens", "8"]
+    trees = [
+        "sweep",
+        "--prompt",
+        prompt,
+        "--tree-sizes",
+        "4, 0",
+        "--depth",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--repeats",
+        "2",
+    ]
     assert main([*trees, "--csv-out", str(out)]) == 0
-    assert "best N = " in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "best N = " in printed or "no clear best N" in printed
     table = pd.read_csv(out)
     assert list(table["nodes"]) == [0, 4] and table["identical_to_baseline"].all()
     assert main(["sweep", "--prompt", prompt, "--tree-sizes", "four"]) == 2

@@ -137,10 +137,45 @@ def trace_figures(trace: Trace) -> list[go.Figure]:
     ]
 
 
+def _measured(table: pd.DataFrame, x: str, name: str) -> go.Scatter:
+    """The median speedup of each setting, with bars from its lowest to its highest repeat."""
+    return go.Scatter(
+        x=table[x],
+        y=table["speedup"],
+        mode="lines+markers",
+        name=name,
+        error_y={
+            "type": "data",
+            "symmetric": False,
+            "array": table["speedup_high"] - table["speedup"],
+            "arrayminus": table["speedup"] - table["speedup_low"],
+        },
+    )
+
+
+def _star_best(fig: go.Figure, table: pd.DataFrame, x: str, label: str) -> None:
+    """Star the setting that beats the others beyond their spread; say so when none does."""
+    best = table[table["best"]] if "best" in table else table.iloc[0:0]
+    if best.empty:
+        fig.add_annotation(text="no clear best: the spreads overlap", showarrow=False, x=0.5, y=1.08,
+                           xref="paper", yref="paper", font={"color": INK})  # fmt: skip
+        return
+    row = best.iloc[0]
+    fig.add_scatter(
+        x=[row[x]],
+        y=[row["speedup"]],
+        mode="markers+text",
+        text=[f"best {label}={int(row[x])}"],
+        textposition="top center",
+        marker={"size": 14, "symbol": "star", "color": COLORS["correction"]},
+        name="best",
+    )
+
+
 def speedup_curve(table: pd.DataFrame) -> go.Figure:
-    """Measured speedup against k, with the two cost-model predictions; best k marked."""
-    fig = go.Figure()
-    fig.add_scatter(x=table["k"], y=table["speedup"], mode="lines+markers", name="measured")
+    """Median measured speedup against k (bars: lowest to highest repeat), with the two cost-model
+    predictions; the best k starred where it is clear."""
+    fig = go.Figure(_measured(table, "k", "measured"))
     fig.add_scatter(
         x=table["k"],
         y=table["predicted_leviathan"],
@@ -155,16 +190,7 @@ def speedup_curve(table: pd.DataFrame) -> go.Figure:
         name="measured verify cost",
         line={"dash": "dash"},
     )
-    best = table.loc[table["speedup"].idxmax()]
-    fig.add_scatter(
-        x=[best["k"]],
-        y=[best["speedup"]],
-        mode="markers+text",
-        text=[f"best k={int(best['k'])}"],
-        textposition="top center",
-        marker={"size": 14, "symbol": "star", "color": COLORS["correction"]},
-        name="best",
-    )
+    _star_best(fig, table, "k", "k")
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
     return _layout(
         fig,
@@ -191,8 +217,8 @@ def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
 
 def tree_size_curve(table: pd.DataFrame) -> go.Figure:
     """Measured speedup and tokens per round against tree size (0: the chain of the same depth)."""
-    fig = go.Figure()
-    fig.add_scatter(x=table["nodes"], y=table["speedup"], mode="lines+markers", name="speedup (measured)")
+    fig = go.Figure(_measured(table, "nodes", "speedup (measured)"))
+    _star_best(fig, table, "nodes", "N")
     fig.add_scatter(
         x=table["nodes"],
         y=table["tokens_per_round"],

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--depth", type=int, default=4, help="the trees' depth k when sweeping --tree-sizes")
     w.add_argument("--csv-out", type=Path, help="write the table as CSV here")
+    w.add_argument(
+        "--repeats", type=int, default=3, help="runs of each setting, each after a plain run of its own"
+    )
 
     _add_tool_commands(sub)
     return parser
@@ -259,28 +262,32 @@ def _bench(args: argparse.Namespace, command: str) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-
     if args.csv_out and not args.csv_out.parent.is_dir():
         raise SpecLensError(f"cannot write the table: folder '{args.csv_out.parent}' does not exist")
     lo, hi = sorted((args.k_from, args.k_to))
     values = parse_sizes(args.tree_sizes) if args.tree_sizes else list(range(lo, hi + 1))
-    name = "N" if args.tree_sizes else "k"
+    name, column = ("N", "nodes") if args.tree_sizes else ("k", "k")
 
     def report(done: int, total: int) -> None:
         if done < total:
-            print(f"{name} = {values[done]} ({done + 1} of {total})…", file=sys.stderr)
+            print(f"{name} = {values[done % len(values)]} (run {done + 1} of {total})…", file=sys.stderr)
 
     if args.tree_sizes:
-        _, table = tree_sweep(run_config(args, k=args.depth), values, report)
+        _, table = tree_sweep(run_config(args, k=args.depth), values, report, repeats=args.repeats)
     else:
-        _, table = sweep(run_config(args), values, report)
+        _, table = sweep(run_config(args), values, report, repeats=args.repeats)
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
     print(table.round(3).to_string(index=False))
-    best = table.loc[table["speedup"].idxmax()]
-    print(
-        f"best {name} = {int(best['nodes' if args.tree_sizes else 'k'])}: x{best['speedup']:.2f} over plain decoding"
-    )
+    best = table[table["best"]]
+    if best.empty:
+        print(f"no clear best {name}: the top settings' speedups overlap over {args.repeats} repeats")
+    else:
+        row = best.iloc[0]
+        print(
+            f"best {name} = {int(row[column])}: x{row['speedup']:.2f} over plain decoding "
+            f"(x{row['speedup_low']:.2f}-{row['speedup_high']:.2f} over {args.repeats} repeats)"
+        )
     return 0
 
 

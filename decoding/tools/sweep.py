@@ -1,4 +1,10 @@
-"""Sweeps: one prompt, a range of k (or of tree sizes), one plain baseline, a table."""
+"""Sweeps: one prompt, a range of k (or of tree sizes), a table.
+
+Every setting is measured `repeats` times, each time right after a plain run of its own, the
+settings taking turns (k=1, k=2, …, then again), so that a machine that speeds up or slows down
+falls on all of them alike. A setting's speedup is the median of its repeats, with the lowest and
+highest beside it; the best is named only where it beats the runner-up beyond that spread.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ from ..errors import SpecLensError
 from ..settings.policies import K_MAX, K_MIN
 from ..trace import Trace
 
+SPREAD = ["speedup_low", "speedup_high", "repeats"]
+MAX_REPEATS = 9
 SWEEP_COLUMNS = [
     "k",
     "acceptance_rate",
@@ -25,6 +33,7 @@ SWEEP_COLUMNS = [
     "tokens_per_s",
     "baseline_tokens_per_s",
     "speedup",
+    *SPREAD,
     "predicted_leviathan",
     "predicted_measured",
     "draft_ms_per_token",
@@ -37,6 +46,7 @@ TREE_COLUMNS = [
     "tokens_per_s",
     "baseline_tokens_per_s",
     "speedup",
+    *SPREAD,
     "verify_ms",
     "verify_ratio",
     "identical_to_baseline",
@@ -48,18 +58,20 @@ def sweep(
     ks: Sequence[int],
     progress: Callable[[int, int], None] | None = None,
     should_stop: StopCheck | None = None,
+    repeats: int = 3,
 ) -> tuple[list[Trace], pd.DataFrame]:
-    """Run `config` once per k (fixed policy) against one plain baseline.
+    """Run `config` for each k (fixed policy), each against plain runs of its own.
 
-    Stopped half-way, it returns the k values that finished; stopped before
-    any did, it raises RunStopped.
+    Stopped half-way, it returns the k values whose every repeat finished;
+    stopped before any did, it raises RunStopped. The traces are each k's
+    median run.
     """
     ks = sorted(set(ks))
     if not ks or ks[0] < K_MIN or ks[-1] > K_MAX:
         raise SpecLensError(f"sweep k values must lie in {K_MIN}..{K_MAX}, got {list(ks)}")
     runs = [dataclasses.replace(config, k=k, policy="fixed", baseline=False) for k in ks]
-    traces = _against_plain(config, runs, progress, should_stop)
-    return traces, sweep_table(traces)
+    measured = _interleaved(runs, repeats, progress, should_stop)
+    return [median_run(ts) for ts in measured], with_best(sweep_table(measured), "k")
 
 
 def tree_sweep(
@@ -67,14 +79,15 @@ def tree_sweep(
     sizes: Sequence[int],
     progress: Callable[[int, int], None] | None = None,
     should_stop: StopCheck | None = None,
+    repeats: int = 3,
 ) -> tuple[list[Trace], pd.DataFrame]:
-    """Run `config` once per tree size N (0: the chain) at its k, against one plain baseline."""
+    """Run `config` for each tree size N (0: the chain) at its k, each against plain runs of its own."""
     sizes = sorted(set(sizes))
     if not sizes or sizes[0] < 0 or sizes[-1] > MAX_TREE_NODES:
         raise SpecLensError(f"tree sizes must lie in 0..{MAX_TREE_NODES} (0: a chain), got {list(sizes)}")
     runs = [dataclasses.replace(config, tree_nodes=n, policy="fixed", baseline=False) for n in sizes]
-    traces = _against_plain(config, runs, progress, should_stop)
-    return traces, tree_table(traces)
+    measured = _interleaved(runs, repeats, progress, should_stop)
+    return [median_run(ts) for ts in measured], with_best(tree_table(measured), "nodes")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -88,34 +101,75 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _against_plain(
-    config: RunConfig,
+def _interleaved(
     runs: list[RunConfig],
+    repeats: int,
     progress: Callable[[int, int], None] | None,
     should_stop: StopCheck | None,
-) -> list[Trace]:
-    baseline = plain_baseline(config, should_stop)
-    traces = []
-    for i, run in enumerate(runs):
+) -> list[list[Trace]]:
+    """Each run's traces, one a repeat, each with the plain run made just before it attached; the
+    runs take turns. A stop keeps the settings whose every repeat finished."""
+    if not 1 <= repeats <= MAX_REPEATS:
+        raise SpecLensError(f"repeats must be from 1 to {MAX_REPEATS}, got {repeats}")
+    measured: list[list[Trace]] = [[] for _ in runs]
+    total = len(runs) * repeats
+    for step in range(total):
+        i = step % len(runs)
         if progress:
-            progress(i, len(runs))
-        trace = generate(run, should_stop)
-        if trace.meta.stopped:  # a setting measured on part of the text compares with nothing
-            if not traces:
-                raise RunStopped(f"{trace.meta.stopped} before the first setting finished")
-            break
+            progress(step, total)
+        try:
+            baseline = plain_baseline(runs[i], should_stop)
+            trace = generate(runs[i], should_stop)
+            if trace.meta.stopped:  # a part of the text compares with nothing
+                raise RunStopped(trace.meta.stopped)
+        except RunStopped as stop:
+            done = [ts for ts in measured if len(ts) == repeats]
+            if not done:
+                raise RunStopped(f"{stop} before a setting finished all its repeats") from None
+            return done
         trace.attach_baseline(baseline)
-        traces.append(trace)
+        measured[i].append(trace)
     if progress:
-        progress(len(runs), len(runs))
-    return traces
+        progress(total, total)
+    return measured
 
 
-def tree_table(traces: Sequence[Trace]) -> pd.DataFrame:
-    """Measured figures per tree size; the verify cost as a multiple of a plain target step."""
-    t_target = costmodel.target_ms_per_token(traces[0].baseline.token_times_s) or math.nan
+def median_run(traces: Sequence[Trace]) -> Trace:
+    """The repeat whose speedup is the median (the lower middle one of an even count)."""
+    ranked = sorted(traces, key=lambda t: t.totals.speedup)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _spread(traces: Sequence[Trace]) -> dict:
+    speedups = [t.totals.speedup for t in traces]
+    return {"speedup_low": min(speedups), "speedup_high": max(speedups), "repeats": len(speedups)}
+
+
+def with_best(table: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The table with a `best` column: true on the clear best setting's row alone, if there is one."""
+    best = best_setting(table, column)
+    return table.assign(best=table[column] == best if best is not None else False)
+
+
+def best_setting(table: pd.DataFrame, column: str) -> int | None:
+    """The setting with the highest median speedup, where its lowest repeat beats every other
+    setting's highest; None when two settings' spreads overlap at the top (no clear best)."""
+    if table.empty:
+        return None
+    ranked = table.sort_values("speedup", ascending=False)
+    best = ranked.iloc[0]
+    if len(ranked) > 1 and best["speedup_low"] <= ranked.iloc[1:]["speedup_high"].max():
+        return None
+    return int(best[column])
+
+
+def tree_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
+    """Measured figures per tree size (its median run, and the spread of its repeats); the verify
+    cost as a multiple of a plain target step."""
     rows = []
-    for trace in traces:
+    for runs in measured:
+        trace = median_run(runs)
+        t_target = costmodel.target_ms_per_token(trace.baseline.token_times_s) or math.nan
         t, rounds = trace.totals, trace.rounds
         verify = t.verify_s * 1e3 / len(rounds) if rounds else math.nan
         rows.append(
@@ -125,6 +179,7 @@ def tree_table(traces: Sequence[Trace]) -> pd.DataFrame:
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
                 "speedup": t.speedup,
+                **_spread(runs),
                 "verify_ms": verify,
                 "verify_ratio": verify / t_target,
                 "identical_to_baseline": t.identical_to_baseline,
@@ -133,19 +188,21 @@ def tree_table(traces: Sequence[Trace]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TREE_COLUMNS)
 
 
-def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:
-    """Measured figures per k beside the two cost-model predictions.
+def sweep_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
+    """Measured figures per k (its median run, and the spread of its repeats) beside the two
+    cost-model predictions.
 
     One alpha for the pair (pooled over every run, as the model assumes it
     does not depend on k), c from measured draft and target step times, and
     V(k+1) from the measured verify times of rounds that checked k+1 tokens.
     """
+    traces = [median_run(runs) for runs in measured]
     alpha = costmodel.estimate_alpha(*traces)
     verify = costmodel.verify_cost_ms(traces)
-    # One plain run for every k; with fewer than two plain tokens the predictions are NaN.
-    t_target = costmodel.target_ms_per_token(traces[0].baseline.token_times_s) or math.nan
     rows = []
-    for trace in traces:
+    for trace, runs in zip(traces, measured, strict=True):
+        # Each k's own plain run; with fewer than two plain tokens the predictions are NaN.
+        t_target = costmodel.target_ms_per_token(trace.baseline.token_times_s) or math.nan
         k = trace.meta.policy.k
         t_draft = costmodel.draft_ms_per_token(trace)
         v = verify.get(k + 1, t_target)
@@ -159,6 +216,7 @@ def sweep_table(traces: Sequence[Trace]) -> pd.DataFrame:
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
                 "speedup": t.speedup,
+                **_spread(runs),
                 "predicted_leviathan": costmodel.expected_speedup(alpha, k, t_draft / t_target),
                 "predicted_measured": costmodel.expected_speedup_measured(alpha, k, t_target, t_draft, v),
                 "draft_ms_per_token": t_draft,
