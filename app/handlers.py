@@ -607,6 +607,22 @@ def run_production(url, first, second, draft_cost: float, verify_growth: float, 
         )
 
 
+def production_example(draft_cost: float, verify_growth: float, trace_dict: dict | None):
+    """The Production tab without a server: the current Explore run exported as a metrics page in
+    vLLM's names (the `speclens:` prefix), read back as a deployment's page would be."""
+    with user_errors():
+        if not trace_dict:
+            raise SpecLensError("run a prompt in Explore first: its run becomes the example page")
+        page = download_folder() / "speclens-example-metrics.prom"
+        page.write_text(metrics.metrics_page(metrics.snapshot_of([Trace.from_dict(trace_dict)])))
+        positions, best_k, text, _ = run_production(None, str(page), None, draft_cost, verify_growth, None)
+        label = (
+            "**Example page**: the current Explore run exported in vLLM's metric names (prefix `speclens:`), "
+            "read back as a deployment's page would be. Point the URL at a real server to read yours."
+        )
+        return positions, best_k, f"{label}\n\n{text}", str(page)
+
+
 def production_text(figures: dict, best: int, speedup: float) -> str:
     def pct(x):
         return "–" if x is None else f"{x:.1%}"

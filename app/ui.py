@@ -135,6 +135,7 @@ def _setting_controls() -> dict[str, gr.components.Component]:
             value=OFFLINE_PRESETS[0],
             allow_custom_value=True,
             label="Target (preset, folder or hub id)",
+            elem_id="target",
         ),
         "draft_source": gr.Radio(
             list(h.DRAFT_SOURCES), value="n-gram (prompt lookup)", label="Draft source", elem_id="source"
@@ -202,7 +203,9 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
     outputs = _wire(views, h.EXPLORE_OUTPUTS)
     demo.load(h.example_run, None, [*outputs, status], api_name="example_run")
     inputs = _wire({**settings, "prompt": prompt, "compare": compare}, h.EXPLORE_INPUTS)
-    _while_running(run, stop, (h.check_explore, h.run_explore), inputs, outputs, "generate", status)
+    # What showed the example (or the last run) clears when a run starts.
+    cleared = {status: "", views["cards"]: "", views["timeline"]: empty_timeline_html("Decoding…")}
+    _while_running(run, stop, (h.check_explore, h.run_explore), inputs, outputs, "generate", cleared)
     views["round_slider"].change(
         h.explain_round,
         [views["trace_state"], views["round_slider"]],
@@ -220,7 +223,10 @@ def sweep_tab(settings: dict) -> None:
         "right after a plain run of its own, the settings taking turns: the chart shows the median "
         "and, as bars, the lowest and highest."
     )
-    inputs = {**settings, "prompt": gr.Textbox(value=example_prompts()[1], lines=3, label="Prompt")}
+    inputs = {
+        **settings,
+        "prompt": gr.Textbox(value=example_prompts()[1], lines=3, label="Prompt", elem_id="sweep-prompt"),
+    }
     with gr.Row():
         inputs["sweep_over"] = gr.Radio(
             list(h.SWEEP_OVER), value=h.SWEEP_OVER[0], label="Sweep over", elem_id="sweep-over"
@@ -361,6 +367,7 @@ def production_tab(trace_state: gr.State) -> None:
         c = gr.Slider(0.0, 1.0, value=0.05, step=0.01, label="c: draft cost per token (target steps)")
         b = gr.Slider(0.0, 1.0, value=0.0, step=0.01, label="b: verify cost per extra token (target steps)")
         button = gr.Button("Read", variant="primary", elem_id="read-metrics")
+        example = gr.Button("Example: this run as a page", elem_id="prod-example")
     text = gr.Markdown(elem_id="prod-text")
     with gr.Row():
         positions = gr.Plot(show_label=False, elem_id="prod-positions")
@@ -373,6 +380,12 @@ def production_tab(trace_state: gr.State) -> None:
         [positions, best_k, text, page],
         api_name="production",
     )
+    example.click(
+        h.production_example,
+        [c, b, trace_state],
+        [positions, best_k, text, page],
+        api_name="production_example",
+    )
 
 
 def _wire(components: dict, names: tuple[str, ...]) -> list:
@@ -384,7 +397,7 @@ def _wire(components: dict, names: tuple[str, ...]) -> list:
     return wired
 
 
-def _while_running(button, stop, check_and_run, inputs, outputs, api_name: str, status=None) -> None:
+def _while_running(button, stop, check_and_run, inputs, outputs, api_name: str, cleared=None) -> None:
     """A model-bound event: its button is disabled while it runs, and Stop ends it at the next round.
 
     The settings are checked first, in a step with no outputs: a refused input shows its message
@@ -393,8 +406,9 @@ def _while_running(button, stop, check_and_run, inputs, outputs, api_name: str, 
     finished.
     """
     check, fn = check_and_run
-    off = [gr.update(interactive=False)] + ([""] if status is not None else [])
-    disable = button.click(lambda: off, None, [button] + ([status] if status is not None else []), **PRIVATE)
+    cleared = cleared or {}
+    off = [gr.update(interactive=False), *cleared.values()]
+    disable = button.click(lambda: off, None, [button, *cleared], **PRIVATE)
     checked = disable.then(check, inputs, None, **PRIVATE, **MODEL)
     # The run's progress shows on its first view alone, so an error marks no other view.
     run = checked.success(fn, inputs, outputs, api_name=api_name, show_progress_on=outputs[:1], **MODEL)

@@ -52,8 +52,22 @@ def page(browser, live_app):
     page = context.new_page()
     page.goto(live_app, wait_until="load")
     page.wait_for_selector("#run", timeout=60_000)
+    # The page opens on an example run: a test's own run starts from there.
+    page.wait_for_function(
+        "document.querySelector('#run-status').innerText.includes('Example')", timeout=60_000
+    )
     yield page
     context.close()
+
+
+def run(page) -> None:
+    """Press Run; returns once the page has let go of the example run (its status and cards clear)."""
+    page.click("#run")
+    page.wait_for_function(
+        "!document.querySelector('#run-status').innerText.includes('Example')"
+        " && !document.querySelector('#cards').innerText.includes('speedup')",
+        timeout=30_000,
+    )
 
 
 def set_number(page, elem_id: str, value: int) -> None:
@@ -65,7 +79,7 @@ def set_number(page, elem_id: str, value: int) -> None:
 def test_explore_run_timeline_charts_and_download(page):
     page.fill("#prompt textarea", "Repeat exactly: red, green, blue. red, green, blue. red, green, blue.")
     set_number(page, "max-new", 24)
-    page.click("#run")
+    run(page)
     page.wait_for_selector("#cards .sl-card", timeout=LONG)
     page.wait_for_function("document.querySelector('#cards').innerText.includes('identical')", timeout=LONG)
     page.wait_for_selector("#trace-json a", timeout=30_000)
@@ -141,7 +155,7 @@ def test_theory_simulation(page):
 def test_stop_a_long_run_then_run_again(page):
     page.fill("#prompt textarea", "Count from one to three hundred, one number per line.")
     set_number(page, "max-new", 512)
-    page.click("#run")
+    run(page)
     page.wait_for_selector("#timeline [data-round='2']", timeout=LONG)
     assert page.locator("#run").is_disabled()  # one run at a time from this page
     page.click("#stop")
@@ -154,7 +168,7 @@ def test_stop_a_long_run_then_run_again(page):
     page.screenshot(path=ARTIFACTS / "stopped.png", full_page=True)
 
     set_number(page, "max-new", 6)
-    page.click("#run")
+    run(page)
     page.wait_for_function(
         "document.querySelector('#cards').innerText.includes('identical')"
         " && !document.querySelector('#cards').innerText.includes('stopped')",
@@ -220,7 +234,7 @@ def test_a_tree_run_draws_the_tree_of_the_chosen_round(page):
     page.fill("#prompt textarea", "Repeat exactly: red, green, blue. red, green, blue. red, green, blue.")
     set_number(page, "max-new", 12)
     set_number(page, "tree-nodes", 6)
-    page.click("#run")
+    run(page)
     page.wait_for_selector("#timeline [data-tree-nodes]", timeout=LONG)
     page.wait_for_function(
         "document.querySelector('#tree-plot') && document.querySelector('#tree-plot').innerText.includes('kept')",
@@ -236,11 +250,147 @@ def test_the_pair_with_two_tokenizers_from_the_sidebar(page):
     page.get_by_role("option", name=re.compile("another tokenizer")).click()
     page.fill("#prompt textarea", "What is the capital of France?")
     set_number(page, "max-new", 10)
-    page.click("#run")
+    run(page)
     page.wait_for_function("document.querySelector('#cards').innerText.includes('identical')", timeout=LONG)
     assert "draft token" in page.locator("#timeline [data-round='0'] .sl-label").inner_text()
     tips = page.locator("#timeline .sl-rounds .sl-tok").evaluate_all(
-        "chips => chips.map(c => c.dataset.tip || )"
+        "chips => chips.map(c => c.dataset.tip || '')"
     )
     assert any("the draft's own token" in t for t in tips)
     page.screenshot(path=ARTIFACTS / "two-tokenizers.png", full_page=True)
+
+
+# -- a first visit ------------------------------------------------------------------------------
+
+ERROR_BADGES = """() => [...document.querySelectorAll('.error')]
+    .filter(e => !e.closest('.toast-wrap') && !String(e.className).includes('toast')).length"""
+
+
+def refused(page, message: str, button: str = "#run") -> None:
+    """The refusal is one toast with its message; no view is marked; the button is back."""
+    page.click(button)
+    page.wait_for_function(
+        f"[...document.querySelectorAll('.toast-body')].some(t => t.innerText.includes({message!r}))",
+        timeout=60_000,
+    )
+    page.wait_for_function(f"!document.querySelector('{button}').disabled", timeout=30_000)
+    assert page.evaluate(ERROR_BADGES) == 0
+    page.evaluate("() => document.querySelectorAll('.toast-close').forEach(b => b.click())")
+
+
+def test_the_first_load_shows_an_example_run_and_replay_its_example(page):
+    page.wait_for_selector("#timeline [data-round]", timeout=60_000)
+    assert page.locator("#timeline [data-round]").count() > 10
+    assert page.locator("#run-status").inner_text().startswith("Example run")
+    assert page.locator("#cards .sl-card").count() >= 4
+    assert page.locator("#timeline .sl-template summary").first.inner_text() == "chat template"
+    page.get_by_role("tab", name="Replay").click()
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
+    )
+
+
+def test_refused_inputs_leave_run_usable_and_mark_nothing(page):
+    page.wait_for_selector("#timeline [data-round]", timeout=60_000)
+    page.fill("#prompt textarea", "   ")
+    refused(page, "the prompt is empty")
+    page.fill("#prompt textarea", "word " * 5000)  # 25,000 characters: past the context
+    refused(page, "exceeds")
+    page.fill("#prompt textarea", "Repeat exactly: red, green, blue. red, green, blue.")
+    for name, message in (("no-such-model", "unknown model"), ("someone/some-model", "not reachable")):
+        page.fill("#target input", name)
+        page.press("#target input", "Enter")
+        refused(page, message)
+    page.fill("#target input", "smollm2-135m")
+    page.press("#target input", "Enter")
+    set_number(page, "max-new", 8)
+    run(page)
+    page.wait_for_function(
+        "document.querySelector('#trace-json') && document.querySelector('#cards').innerText.includes('identical')"
+        " && !document.querySelector('#run-status').innerText.includes('Example')",
+        timeout=LONG,
+    )
+    assert page.evaluate(ERROR_BADGES) == 0
+    page.get_by_role("tab", name="Sweep").click()
+    page.fill("#sweep-prompt textarea", "")
+    refused(page, "the prompt is empty", "#sweep")
+
+
+def test_the_default_run_says_what_it_shows(page):
+    page.wait_for_selector("#timeline [data-round]", timeout=60_000)
+    run(page)
+    page.wait_for_function(
+        "!document.querySelector('#run-status').innerText.includes('Example')"
+        " && document.querySelector('#cards').innerText.includes('speedup vs plain')",
+        timeout=LONG,
+    )
+    cards = page.locator("#cards").inner_text()
+    speedup = float(re.search(r"×(\d+\.\d+)\s*speedup vs plain", cards).group(1))
+    assert "identical" in cards
+    assert speedup >= 1 or "Slower than plain decoding: the draft was right" in cards, cards
+
+
+def test_a_token_opens_its_popover_on_a_click(page):
+    page.wait_for_selector("#timeline [data-round]", timeout=60_000)
+    chip = page.locator("#timeline .sl-rounds .sl-tok.sl-accepted").first
+    chip.click()
+    tip = page.locator("#sl-tip")
+    assert tip.is_visible() and "target's probability" in tip.inner_text()
+    assert "chance to keep" in tip.inner_text()
+    page.mouse.move(5, 5)
+    assert tip.is_visible()  # pinned: it stays when the pointer leaves
+    page.locator("h1").first.click()
+    assert not tip.is_visible()
+
+
+def contrast(page, selector: str) -> float:
+    """WCAG contrast between an element's text colour and the background it sits on."""
+    return page.evaluate(
+        """(sel) => {
+          const el = document.querySelector(sel);
+          const rgb = (c) => c.match(/[\\d.]+/g).slice(0, 3).map(Number);
+          let bg = null;
+          for (let e = el; e && !bg; e = e.parentElement) {
+            const c = getComputedStyle(e).backgroundColor;
+            if (!c.startsWith('rgba(0, 0, 0, 0)') && c !== 'transparent') bg = rgb(c);
+          }
+          const lum = ([r, g, b]) => [r, g, b].map(v => v / 255)
+            .map(v => v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4)
+            .reduce((s, v, i) => s + v * [0.2126, 0.7152, 0.0722][i], 0);
+          const [a, b] = [lum(rgb(getComputedStyle(el).color)), lum(bg || [255, 255, 255])];
+          return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+        }""",
+        selector,
+    )
+
+
+def test_dark_mode_keeps_the_sentence_readable(browser, live_app):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.goto(live_app + "?__theme=dark", wait_until="load")
+    page.wait_for_function(
+        "document.querySelector('#sentence') && document.querySelector('#sentence').innerText.startsWith('Round 1')",
+        timeout=60_000,
+    )
+    assert page.evaluate("document.body.classList.contains('dark')")
+    assert contrast(page, "#sentence p") >= 4.5
+    assert contrast(page, "#cards .sl-card-label") >= 4.5
+    page.screenshot(path=ARTIFACTS / "explore-dark.png", full_page=True)
+    context.close()
+
+
+def test_a_phone_sees_the_prompt_run_and_every_tab(browser, live_app):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.goto(live_app, wait_until="load")
+    page.wait_for_selector("#run", timeout=60_000)
+    page.wait_for_timeout(1500)  # the page closes the sidebar once it has loaded
+    assert page.locator(".sidebar.open").count() == 0
+    box = page.locator("#run").bounding_box()
+    assert box is not None and box["y"] + box["height"] <= 900
+    for name in ("Explore", "Sweep", "Theory", "Replay", "Production"):
+        assert page.get_by_role("tab", name=name).is_visible(), name
+    page.get_by_role("tab", name="Production").click()
+    page.locator("#prod-example").wait_for(timeout=30_000)
+    page.screenshot(path=ARTIFACTS / "phone.png")
+    context.close()

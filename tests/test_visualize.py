@@ -273,3 +273,16 @@ def test_acceptance_by_position_names_its_counts_and_greys_the_thin_ones():
     assert list(fig.data[0].marker.color) == [green if n >= 5 else grey for n in judged]
     thin = hand_made()  # one round: every position judged fewer than 5 times
     assert set(trace_figures(thin)[0].data[0].marker.color) == {"#b8b8b8"}
+
+
+def test_a_slower_run_says_why_in_one_sentence_from_its_own_figures():
+    trace = Trace.load(ROOT / "assets" / "traces" / "mt_bench-layers20-greedy.json")  # ×0.35
+    html = stats_html(trace)
+    t = trace.totals
+    assert t.speedup < 1 and "Slower than plain decoding" in html
+    assert (
+        f"right {t.acceptance_rate:.0%} of the time" in html
+        and f"made {t.tokens_per_round:.2f} tokens" in html
+    )
+    faster = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # ×1.36
+    assert faster.totals.speedup > 1 and "Slower" not in stats_html(faster)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from decoding import costmodel
 from decoding.trace import Trace, agreement
 
 
@@ -19,7 +20,7 @@ def stats_html(trace: Trace) -> str:
         _card("tokens / s", f"{t.tokens_per_s:.1f}"),
     ]
     if t.speedup is not None:
-        cards.append(_card("speedup vs plain", f"×{t.speedup:.2f}"))
+        cards.append(_card("speedup vs plain", f"×{t.speedup:.2f}", "sl-bad" if t.speedup < 1 else ""))
     same = agreement(trace)
     if same is not None:
         cls = {True: "sl-good", False: "sl-bad", None: ""}[same.good]
@@ -28,4 +29,24 @@ def stats_html(trace: Trace) -> str:
     caption = f"{m.target or '?'} · draft {m.draft or '?'} · {t.new_tokens} tokens in {t.rounds} rounds · {m.device} {m.dtype}"
     if m.stopped:
         caption += f" · {m.stopped}"
-    return f'<div class="sl-cards">{"".join(cards)}</div><div class="sl-caption">{escape(caption)}</div>'
+    why = slower_because(trace)
+    why_html = f'<div class="sl-why">{escape(why)}</div>' if why else ""
+    return f'<div class="sl-cards">{"".join(cards)}</div>{why_html}<div class="sl-caption">{escape(caption)}</div>'
+
+
+def slower_because(trace: Trace) -> str:
+    """Why a run was slower than plain decoding, in one sentence from its own figures: how often
+    the draft was right, and what a round cost in plain target steps. Empty when it was not slower."""
+    t = trace.totals
+    step_ms = costmodel.target_ms_per_token(trace.baseline.token_times_s) if trace.baseline else None
+    if t.speedup is None or t.speedup >= 1 or not t.rounds or not step_ms:
+        return ""
+    drafted = [r for r in trace.rounds if r.k]
+    cost = sum(r.round_ms for r in trace.rounds) / len(trace.rounds) / step_ms
+    nothing = len(trace.rounds) - len(drafted)
+    idle = f"; in {nothing} of {t.rounds} rounds the draft had nothing to propose" if nothing else ""
+    return (
+        f"Slower than plain decoding: the draft was right {t.acceptance_rate:.0%} of the time{idle}, so a round "
+        f"made {t.tokens_per_round:.2f} tokens, while a round cost {cost:.2f} plain target steps "
+        "(drafting, checking, bookkeeping)."
+    )
