@@ -479,6 +479,12 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, m
     return theory_figure(alpha, c, verify_growth, int(gamma_max), measured), text
 
 
+def check_measure(target: str) -> None:
+    with user_errors():
+        check_allowed(target)
+        load_model((target or "").strip())
+
+
 @gpu
 def measure_verify(target: str):
     """Time the target's pass over 1, 2, 3, 5, 9 and 17 tokens here (decoding/probe.py)."""
@@ -530,24 +536,35 @@ def example_traces() -> dict[str, str]:
     return {p.stem: str(p) for p in sorted((ASSETS / "traces").glob("*.json"))}
 
 
+def read_replay(upload: str | None, example: str | None) -> Trace:
+    """The uploaded trace, or the named example, checked: one line for anything that is not one."""
+    path = upload or example_traces().get(example or "")
+    if not path:
+        raise SpecLensError("upload a trace JSON or pick an example")
+    try:
+        if os.path.getsize(path) > MAX_TRACE_BYTES:
+            raise SpecLensError(f"that file is over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
+        trace = Trace.load(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecLensError(f"cannot read that file: {exc}") from None
+    validate(trace)
+    if not trace.rounds:
+        raise SpecLensError("that trace has no rounds to replay")
+    return trace
+
+
+def check_replay(upload: str | None, example: str | None) -> None:
+    """Refuse a file that is not a trace before any view changes (see `check_explore`)."""
+    with user_errors():
+        read_replay(upload, example)
+
+
 def load_replay(upload: str | None, example: str | None):
     with user_errors():
-        path = upload or example_traces().get(example or "")
-        if not path:
-            raise SpecLensError("upload a trace JSON or pick an example")
-        try:
-            if os.path.getsize(path) > MAX_TRACE_BYTES:
-                raise SpecLensError(f"that file is over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
-            trace = Trace.load(path)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpecLensError(f"cannot read that file: {exc}") from None
-        validate(trace)
-        n = len(trace.rounds)
-        if n == 0:
-            raise SpecLensError("that trace has no rounds to replay")
+        trace = read_replay(upload, example)
         return (
             trace.to_dict(),
-            round_slider(n),
+            round_slider(len(trace.rounds)),
             *replay_views(trace, 1),
             stats_html(trace),
             *trace_figures(trace),
@@ -575,6 +592,13 @@ def read_deployment(url: str | None, first: str | None, second: str | None) -> d
         raise SpecLensError("give a URL or pages, at most two in all (two: the interval between them)")
     snapshots = [metrics.read(s) for s in sources]
     return metrics.interval(*snapshots) if len(snapshots) == 2 else metrics.summary(snapshots[0])
+
+
+def check_production(url, first, second, *_) -> None:
+    """Refuse an unreachable URL or a page without speculative-decoding metrics before any view
+    changes (see `check_explore`)."""
+    with user_errors():
+        read_deployment(url, first, second)
 
 
 def acceptance_profile(figures: dict, positions: int = 8) -> list[float]:

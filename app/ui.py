@@ -277,9 +277,11 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
         [theory_plot, theory_text],
         api_name="theory",
     )
-    measure_btn.click(
+    checked = measure_btn.click(h.check_measure, target, None, **PRIVATE, **MODEL)
+    measuring = checked.success(
         h.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
-    ).success(h.run_theory, [*chain, measured], [theory_plot, theory_text], api_visibility="private")
+    )
+    measuring.success(h.run_theory, [*chain, measured], [theory_plot, theory_text], **PRIVATE)
     _tree_theory(demo, alpha, c, growth)
     _simulation(alpha)
 
@@ -343,7 +345,8 @@ def replay_tab(demo: gr.Blocks) -> None:
     figs = _figures(h.CHARTS)
     state = gr.State()
     outputs = [state, step, timeline, sentence, tree, cards, *figs]
-    load_btn.click(h.load_replay, [upload, example], outputs, api_name="replay")
+    checked = load_btn.click(h.check_replay, [upload, example], None, **PRIVATE)
+    checked.success(h.load_replay, [upload, example], outputs, api_name="replay")
     demo.load(h.load_replay, [upload, example], outputs, **PRIVATE)
     step.change(h.replay_step, [state, step], [timeline, sentence, tree], api_name="replay_step")
     prev_btn.click(lambda r: max(1, r - 1), step, step, api_visibility="private")
@@ -373,13 +376,10 @@ def production_tab(trace_state: gr.State) -> None:
         positions = gr.Plot(show_label=False, elem_id="prod-positions")
         best_k = gr.Plot(show_label=False, elem_id="prod-best-k")
     page = gr.File(label="This SpecLens run as a metrics page", elem_id="prod-page")
-    gr.on(
-        [button.click, c.release, b.release],
-        h.run_production,
-        [url, page_a, page_b, c, b, trace_state],
-        [positions, best_k, text, page],
-        api_name="production",
-    )
+    inputs = [url, page_a, page_b, c, b, trace_state]
+    outputs = [positions, best_k, text, page]
+    checked = gr.on([button.click, c.release, b.release], h.check_production, inputs, None, **PRIVATE)
+    checked.success(h.run_production, inputs, outputs, api_name="production")
     example.click(
         h.production_example,
         [c, b, trace_state],

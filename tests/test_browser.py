@@ -394,3 +394,19 @@ def test_a_phone_sees_the_prompt_run_and_every_tab(browser, live_app):
     page.locator("#prod-example").wait_for(timeout=30_000)
     page.screenshot(path=ARTIFACTS / "phone.png")
     context.close()
+
+
+def test_a_corrupt_upload_or_an_unreachable_server_is_one_message(page, tmp_path):
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"version": 4, "meta": {}, "rounds": [')
+    page.get_by_role("tab", name="Replay").click()
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
+    )
+    page.set_input_files("#upload input[type=file]", str(bad))
+    page.wait_for_selector("#upload a", timeout=30_000)
+    refused(page, "not a SpecLens trace", "#load")
+    assert page.locator("#replay-sentence").inner_text().startswith("Round 1:")  # the example stays
+    page.get_by_role("tab", name="Production").click()
+    page.fill("#metrics-url textarea, #metrics-url input", "http://127.0.0.1:9/metrics")
+    refused(page, "127.0.0.1:9", "#read-metrics")

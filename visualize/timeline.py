@@ -117,7 +117,7 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
         tip = f"{KIND_LABELS[e.kind]}\ntarget's probability p = {_fmt(e.p)}" + _turn_lines(rnd)
         chips.append(_token(e.kind, e.text, tip))
     cls = "sl-round sl-selected" if selected else "sl-round"
-    timing = f"{rnd.round_ms:.0f} ms"
+    timing = f" · {rnd.round_ms:.0f} ms" if rnd.round_ms else ""  # a simulated round took no time
     # A tree round shows its main line (the accepted path, then the best refused child).
     shape = f"tree of {len(rnd.tree)}" if rnd.tree else f"k={rnd.k}"
     if rnd.translation is not None:  # a draft with another tokenizer: k counts target tokens
@@ -126,7 +126,7 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
     nodes = f' data-tree-nodes="{len(rnd.tree)}"' if rnd.tree else ""
     return (
         f'<div class="{cls}" data-round="{index}"{nodes}>'
-        f'<span class="sl-label">#{index + 1} · {shape} · {timing}</span>'
+        f'<span class="sl-label">#{index + 1} · {shape}{timing}</span>'
         f'<span class="sl-chips">{"".join(chips)}</span>'
         f'<div class="sl-explain">{escape(explain_round(rnd, index, greedy))}</div>'
         "</div>"
