@@ -128,8 +128,12 @@ def test_replay_example_and_step_through(page):
     page.click("#example input")
     page.get_by_role("option", name=example.stem).click()
     page.click("#load")
+    start = Trace.load(example).meta.prompt[:30]  # the chosen example, not the one the tab opened on
     page.wait_for_function(
-        "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
+        "([s]) => document.querySelector('#replay-timeline').innerText.includes(s)"
+        " && document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')",
+        arg=[start],
+        timeout=60_000,
     )
     for n in (2, 3):  # one step at a time, as a reader clicks
         page.click("#next")
@@ -153,7 +157,7 @@ def test_theory_simulation(page):
 
 
 def test_stop_a_long_run_then_run_again(page):
-    page.fill("#prompt textarea", "Count from one to three hundred, one number per line.")
+    page.fill("#prompt textarea", "Write a very long story about a dragon, at least two thousand words.")
     set_number(page, "max-new", 512)
     run(page)
     page.wait_for_selector("#timeline [data-round='2']", timeout=LONG)
@@ -200,8 +204,8 @@ def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
     page.set_input_files("#upload input[type=file]", str(path))
     page.wait_for_selector("#upload a", timeout=30_000)  # uploaded
     page.click("#load")
-    page.wait_for_function(
-        "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
+    page.wait_for_function(  # the example the tab opened on gives way to the upload
+        "document.querySelector('#replay-sentence').innerText.includes('<b>x</b>')", timeout=60_000
     )
     sentence = page.locator("#replay-sentence")
     assert sentence.locator("img, strong, b").count() == 0
