@@ -1,6 +1,6 @@
 """The draft sources, one module each, and `build_draft`, the factory that names them.
 
-`ngram` (prompt lookup), `model` (a smaller model with the target's
+`ngram` (prompt lookup), `suffix` (suffix decoding over this and earlier runs), `model` (a smaller model with the target's
 tokenizer), `layers` (the target's first N layers), `cross_tokenizer` (a model
 with another tokenizer, through text) and `head` (a trained EAGLE-3 head). Each
 implements `decoding.core.proposal.Draft`; this module is the only one that
@@ -19,18 +19,29 @@ from .head import HeadDraft, load_head, shipped_head
 from .layers import LayerDraft
 from .model import ModelDraft
 from .ngram import NGramDraft
+from .suffix import SuffixDraft
 
-__all__ = ["CrossTokenizerDraft", "HeadDraft", "LayerDraft", "ModelDraft", "NGramDraft", "build_draft"]
+__all__ = [
+    "CrossTokenizerDraft",
+    "HeadDraft",
+    "LayerDraft",
+    "ModelDraft",
+    "NGramDraft",
+    "SuffixDraft",
+    "build_draft",
+]
 
 
 def build_draft(spec: str, target: LoadedModel) -> Draft | None:
-    """`ngram`, `layers:N`, `head`, `head:PATH`, `none`, or a model name for a separate draft
+    """`ngram`, `suffix`, `layers:N`, `head`, `head:PATH`, `none`, or a model name for a separate draft
     model (one with another tokenizer drafts through text: see cross_tokenizer.py)."""
     spec = (spec or "").strip()
     if spec in ("", "none"):
         return None
     if spec == "ngram":
         return NGramDraft()
+    if spec == "suffix":
+        return SuffixDraft()
     if spec == "head" or spec.startswith("head:"):
         return _head_draft(spec, target)
     if spec.startswith("layers:"):

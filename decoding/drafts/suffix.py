@@ -1,0 +1,143 @@
+"""Suffix decoding (Oliaro et al., SuffixDecoding): drafts from every text this process has seen.
+
+The corpus holds the prompt and output of this run and of earlier runs (bounded: the oldest runs
+are dropped first). Each round finds where the sequence's longest recent suffix (up to
+`max_match` tokens) occurred in the corpus, counts what followed each occurrence, and follows the
+most frequent continuation while its share of the occurrences stays above `min_share`; the draft
+is at most `alpha` × the match length long, so a long match earns a long draft. Trees branch into
+the runner-up continuations. No model: like n-gram drafting, but across requests, and scored.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter, OrderedDict
+
+import torch
+
+from ..core.proposal import Draft, Proposal, empty_proposal
+from ..core.tree import TokenTree, grow_tree
+
+MAX_CORPUS_TOKENS = 200_000  # about 1.6 MB of int64 ids; the oldest runs go first beyond it
+
+
+class SuffixCorpus:
+    """Token sequences by run, oldest first, within `max_tokens` in all; safe across threads."""
+
+    def __init__(self, max_tokens: int = MAX_CORPUS_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self._runs: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+        self._flat: torch.Tensor | None = None
+
+    def update(self, run: int, tokens: torch.Tensor) -> None:
+        """Set run `run`'s sequence (it grows each round), then drop the oldest runs over the bound."""
+        with self._lock:
+            self._runs[run] = tokens.detach().to("cpu", torch.long)
+            self._runs.move_to_end(run)
+            while len(self._runs) > 1 and self.tokens() > self.max_tokens:
+                self._runs.popitem(last=False)
+            self._flat = None
+
+    def tokens(self) -> int:
+        return sum(t.numel() for t in self._runs.values())
+
+    def flat(self) -> torch.Tensor:
+        """Every run's tokens in one row, runs separated by -1 so no match spans two."""
+        with self._lock:
+            if self._flat is None:
+                parts = [p for t in self._runs.values() for p in (t, torch.tensor([-1]))]
+                self._flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
+            return self._flat
+
+
+SHARED = SuffixCorpus()  # earlier runs in this process: what makes a repeated request cheap
+_run_ids = itertools.count()
+
+
+class SuffixDraft(Draft):
+    kind = "suffix"
+    name = "suffix"
+    drafts_trees = True
+
+    def __init__(
+        self,
+        corpus: SuffixCorpus = SHARED,
+        max_match: int = 16,
+        alpha: float = 2.0,
+        min_share: float = 0.1,
+        max_draft: int = 16,
+    ) -> None:
+        self.corpus, self.max_match, self.alpha = corpus, max_match, alpha
+        self.min_share, self.max_draft = min_share, max_draft
+        self.reset()
+
+    def reset(self) -> None:
+        self.run = next(_run_ids)  # a new sequence is a new entry: earlier ones stay in the corpus
+
+    def longest_match(self, ids: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """The longest suffix of `ids` (up to `max_match`) found earlier in the corpus, and where each
+        occurrence's continuation starts; (0, empty) when not even the last token recurs."""
+        corpus = self.corpus.flat()
+        ends = (corpus[:-1] == ids[-1]).nonzero().flatten()  # an occurrence needs a continuation
+        ends = ends[corpus[ends + 1] >= 0]
+        n = 0
+        for length in range(1, min(self.max_match, ids.shape[0]) + 1):
+            if length > 1:
+                ok = ends - length + 1 >= 0
+                ends = ends[ok]
+                ends = ends[corpus[ends - length + 1] == ids[-length]]
+            if ends.numel() == 0:
+                break
+            n, starts = length, ends + 1
+        return (n, starts) if n else (0, corpus.new_empty(0))
+
+    def continuations(
+        self, corpus: torch.Tensor, starts: torch.Tensor, path: list[int]
+    ) -> list[tuple[int, float]]:
+        """What followed `path` after the matched occurrences, most frequent first, with its share."""
+        offset = len(path)
+        follow = starts[starts + offset < corpus.shape[0]]
+        for i, token in enumerate(path):
+            follow = follow[corpus[follow + i] == token]
+        nxt = corpus[follow + offset] if follow.numel() else follow
+        counts = Counter(t for t in nxt.tolist() if t >= 0)
+        total = sum(counts.values())
+        return [(t, c / total) for t, c in counts.most_common()]
+
+    def propose(self, seq, k, sampling, generator, min_confidence=None):
+        ids = seq[0]
+        self.corpus.update(self.run, ids)
+        n, starts = self.longest_match(ids)
+        if not n:
+            return empty_proposal(seq.device)
+        corpus = self.corpus.flat()
+        budget = min(k, self.max_draft, max(1, int(self.alpha * n)))
+        path: list[int] = []
+        share = 1.0
+        while len(path) < budget:
+            options = self.continuations(corpus, starts, path)
+            if not options or share * options[0][1] < self.min_share:
+                break
+            share *= options[0][1]
+            path.append(options[0][0])
+        if not path:
+            return empty_proposal(seq.device)
+        tokens = torch.tensor(path, device=seq.device)
+        return Proposal(tokens, torch.ones(len(path), device=seq.device), None)
+
+    def propose_tree(self, seq, depth, shape, stop_ids):
+        """Children of a node: what followed the matched occurrences after the node's path, by share."""
+        ids = seq[0]
+        self.corpus.update(self.run, ids)
+        n, starts = self.longest_match(ids)
+        corpus = self.corpus.flat()
+
+        def expand(tree: TokenTree, frontier: list[int]) -> list[list[tuple[int, float]]]:
+            if not n:
+                return [[] for _ in frontier]
+            paths = [[tree.tokens[i] for i in tree.path(node)] for node in frontier]  # the root's is []
+            return [self.continuations(corpus, starts, path) for path in paths]
+
+        return grow_tree(expand, depth, shape, stop_ids)
