@@ -19,6 +19,7 @@ from ..settings.sampling import Sampling
 from ..trace import Trace, agreement
 from . import metrics
 from .bench import BenchConfig, machine, run_bench
+from .compare import compare, parse_drafts
 from .probe import probe
 from .prompts import read_prompts
 from .server_bench import run_server_bench
@@ -66,8 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats", type=int, default=3, help="runs of each setting, each after a plain run of its own"
     )
 
+    _add_compare_command(sub)
     _add_tool_commands(sub)
     return parser
+
+
+def _add_compare_command(sub) -> None:
+    c = sub.add_parser(
+        "compare", help="one prompt, several draft sources, each against plain runs of its own, one table"
+    )
+    add_run_flags(c, leave_out=("draft", "baseline"))
+    c.add_argument("--drafts", required=True, help="draft sources, comma-separated (e.g. ngram,suffix,head)")
+    c.add_argument(
+        "--repeats", type=int, default=3, help="runs of each source, each after a plain run of its own"
+    )
+    c.add_argument("--csv-out", type=Path, help="write the table as CSV here")
 
 
 def _add_tool_commands(sub) -> None:
@@ -220,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": _metrics,
         "train-head": lambda a: _train_head(a, _command(argv)),
         "training-prompts": _training_prompts,
+        "compare": _compare,
     }
     try:
         return commands[args.command](args)
@@ -286,6 +301,31 @@ def _sweep(args: argparse.Namespace) -> int:
         row = best.iloc[0]
         print(
             f"best {name} = {int(row[column])}: x{row['speedup']:.2f} over plain decoding "
+            f"(x{row['speedup_low']:.2f}-{row['speedup_high']:.2f} over {args.repeats} repeats)"
+        )
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    if args.csv_out and not args.csv_out.parent.is_dir():
+        raise SpecLensError(f"cannot write the table: folder '{args.csv_out.parent}' does not exist")
+    drafts = parse_drafts(args.drafts)
+
+    def report(done: int, total: int) -> None:
+        if done < total:
+            print(f"{drafts[done % len(drafts)]} (run {done + 1} of {total})…", file=sys.stderr)
+
+    _, table = compare(run_config(args, draft=drafts[0]), drafts, report, repeats=args.repeats)
+    if args.csv_out:
+        table.to_csv(args.csv_out, index=False)
+    print(table.round(3).to_string(index=False))
+    best = table[table["best"]]
+    if best.empty:
+        print(f"no clear best draft: the top sources' speedups overlap over {args.repeats} repeats")
+    else:
+        row = best.iloc[0]
+        print(
+            f"best draft = {row['draft']}: x{row['speedup']:.2f} over plain decoding "
             f"(x{row['speedup_low']:.2f}-{row['speedup_high']:.2f} over {args.repeats} repeats)"
         )
     return 0

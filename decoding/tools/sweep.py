@@ -70,7 +70,7 @@ def sweep(
     if not ks or ks[0] < K_MIN or ks[-1] > K_MAX:
         raise SpecLensError(f"sweep k values must lie in {K_MIN}..{K_MAX}, got {list(ks)}")
     runs = [dataclasses.replace(config, k=k, policy="fixed", baseline=False) for k in ks]
-    measured = _interleaved(runs, repeats, progress, should_stop)
+    measured = interleaved(runs, repeats, progress, should_stop)
     return [median_run(ts) for ts in measured], with_best(sweep_table(measured), "k")
 
 
@@ -86,7 +86,7 @@ def tree_sweep(
     if not sizes or sizes[0] < 0 or sizes[-1] > MAX_TREE_NODES:
         raise SpecLensError(f"tree sizes must lie in 0..{MAX_TREE_NODES} (0: a chain), got {list(sizes)}")
     runs = [dataclasses.replace(config, tree_nodes=n, policy="fixed", baseline=False) for n in sizes]
-    measured = _interleaved(runs, repeats, progress, should_stop)
+    measured = interleaved(runs, repeats, progress, should_stop)
     return [median_run(ts) for ts in measured], with_best(tree_table(measured), "nodes")
 
 
@@ -101,7 +101,7 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _interleaved(
+def interleaved(
     runs: list[RunConfig],
     repeats: int,
     progress: Callable[[int, int], None] | None,
