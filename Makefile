@@ -32,7 +32,7 @@ test: setup browser
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
 
-# No SmolLM2, no app, no browser (116 tests, about 3 minutes on 2 cores): for the edit-test loop.
+# No SmolLM2, no app, no browser (about 280 tests, 2 minutes on 2 cores): for the edit-test loop.
 test-fast: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
