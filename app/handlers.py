@@ -46,6 +46,7 @@ from visualize.charts import (
     tree_verify_cost,
 )
 from visualize.explain import explain_round_markdown
+from visualize.race import race_html
 from visualize.simulate import simulate_trace
 from visualize.timeline import empty_timeline_html, timeline_html
 from visualize.tree import tree_figure
@@ -351,6 +352,11 @@ def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list) -> Iterator
             shown = time.perf_counter()
             wait = shown - sent
     return trace
+
+
+def race_view(trace_dict: dict | None) -> str:
+    """The run and its plain comparison, ready to race (visualize/race.py)."""
+    return race_html(Trace.from_dict(trace_dict) if trace_dict else None)
 
 
 def round_slider(rounds: int):

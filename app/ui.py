@@ -12,6 +12,7 @@ from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
 from decoding.models.hub import hub_available
 from decoding.settings.policies import K_MAX, K_MIN, POLICIES
 from decoding.tools.sweep import MAX_REPEATS
+from visualize.race import race_html
 from visualize.timeline import empty_timeline_html
 
 from . import handlers as h
@@ -194,6 +195,7 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
     views["sentence"] = gr.Markdown(elem_classes="sl-sentence", elem_id="sentence")
     views["tree"] = gr.Plot(show_label=False, elem_id="tree-plot", visible=False)
     views["cards"] = gr.HTML(elem_id="cards")
+    race = gr.HTML(race_html(None), elem_id="race")
     views["text"] = gr.Textbox(label="Output text", lines=4, elem_id="output")
     views["charts"] = _figures(h.CHARTS)
     with gr.Row():
@@ -206,6 +208,7 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
     # What showed the example (or the last run) clears when a run starts.
     cleared = {status: "", views["cards"]: "", views["timeline"]: empty_timeline_html("Decoding…")}
     _while_running(run, stop, (h.check_explore, h.run_explore), inputs, outputs, "generate", cleared)
+    views["trace_state"].change(h.race_view, views["trace_state"], race, **PRIVATE)
     views["round_slider"].change(
         h.explain_round,
         [views["trace_state"], views["round_slider"]],

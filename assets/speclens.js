@@ -36,3 +36,45 @@
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") hide(); });
   document.addEventListener("scroll", () => { if (!pinned) hide(); }, true);
 })();
+
+// The race (visualize/race.py): both lanes replayed at their measured token times, slowed down
+// by the chosen factor. One race at a time; Race again restarts it.
+(() => {
+  let timer = null;
+  const play = (race) => {
+    const data = JSON.parse(race.dataset.race);
+    const slow = Number(race.dataset.slow || 1);
+    const lanes = [...race.querySelectorAll(".sl-lane")];
+    lanes.forEach((l) => { l.querySelector(".sl-lane-text").textContent = ""; l.dataset.shown = "0"; });
+    const clock = race.querySelector(".sl-race-clock");
+    const end = Math.max(...Object.values(data).map((lane) => (lane.length ? lane[lane.length - 1][0] : 0)));
+    const start = performance.now();
+    if (timer) clearInterval(timer);
+    timer = setInterval(() => {
+      const t = (performance.now() - start) / 1000 / slow;
+      clock.textContent = `${Math.min(t, end).toFixed(2)} s` + (slow > 1 ? ` (×${slow} slower)` : "");
+      race.dataset.elapsed = String((performance.now() - start) / 1000);
+      for (const lane of lanes) {
+        const tokens = data[lane.dataset.lane];
+        let shown = Number(lane.dataset.shown);
+        while (shown < tokens.length && tokens[shown][0] <= t) {
+          lane.querySelector(".sl-lane-text").textContent += tokens[shown][1];
+          shown += 1;
+        }
+        lane.dataset.shown = String(shown);
+        lane.querySelector(".sl-lane-count").textContent = String(shown);
+      }
+      if (t >= end) { clearInterval(timer); timer = null; race.dataset.done = "1"; }
+    }, 30);
+    race.dataset.done = "0";
+  };
+  document.addEventListener("click", (e) => {
+    const race = e.target.closest && e.target.closest(".sl-race");
+    if (!race) return;
+    if (e.target.closest(".sl-race-speed")) {
+      race.dataset.slow = e.target.closest(".sl-race-speed").dataset.slow;
+      race.querySelectorAll(".sl-race-speed").forEach((b) => b.classList.toggle("sl-on", b.dataset.slow === race.dataset.slow));
+    }
+    if (e.target.closest(".sl-race-play") || e.target.closest(".sl-race-speed")) play(race);
+  });
+})();

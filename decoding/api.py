@@ -228,7 +228,8 @@ def plain_baseline(config: RunConfig, should_stop: StopCheck | None = None) -> B
         raise RunStopped(plain.stopped)
     text = target.tokenizer.decode(plain.token_ids, skip_special_tokens=True)
     tps = len(plain.token_ids) / plain.wall_s
-    return Baseline(text, plain.token_ids, plain.wall_s, tps, plain.token_times_s)
+    texts = [token_texts(target.tokenizer)(t) for t in plain.token_ids]
+    return Baseline(text, plain.token_ids, plain.wall_s, tps, plain.token_times_s, texts)
 
 
 def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:

@@ -414,3 +414,23 @@ def test_a_corrupt_upload_or_an_unreachable_server_is_one_message(page, tmp_path
     page.get_by_role("tab", name="Production").click()
     page.fill("#metrics-url textarea, #metrics-url input", "http://127.0.0.1:9/metrics")
     refused(page, "127.0.0.1:9", "#read-metrics")
+
+
+def test_the_race_replays_both_texts_and_slow_motion_slows_the_clock(page):
+    from visualize.race import plain_tokens, spec_tokens
+
+    example = Trace.load(
+        ROOT / "assets" / "traces" / "summarization-ngram-greedy.json"
+    )  # what the page opened on
+    page.wait_for_selector("#race .sl-race-play", timeout=60_000)
+    page.click("#race .sl-race-play")
+    page.wait_for_function("document.querySelector('#race .sl-race').dataset.done === '1'", timeout=60_000)
+    lanes = page.locator("#race .sl-lane-text")
+    assert lanes.nth(0).text_content() == "".join(spec_tokens(example))
+    assert lanes.nth(1).text_content() == "".join(plain_tokens(example))
+    page.click("#race .sl-race-speed[data-slow='20']")  # restarts, twenty times slower
+    page.wait_for_timeout(1500)
+    shown = float(page.locator("#race .sl-race-clock").inner_text().split()[0])
+    assert shown < 0.3  # 1.5 s of wall clock is 0.075 s of the run
+    assert int(page.locator("#race .sl-lane-count").nth(0).inner_text()) < len(example.output.token_ids)
+    page.locator("#race").screenshot(path=ARTIFACTS / "race.png")

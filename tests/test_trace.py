@@ -262,3 +262,11 @@ def test_ngram_rounds_say_where_they_copied_from(tiny_target):
     assert 'class="sl-match-key"' in html and 'class="sl-match-copy"' in html
     assert "copied from prompt tokens" in html
     assert 'class="sl-match' not in timeline_html(trace)  # only for a selected round
+
+
+def test_a_translation_without_a_list_of_sources_is_refused_in_one_line():
+    """Found by the fuzz test: sources set to null broke the check instead of naming the problem."""
+    data = json.loads((ROOT / "assets" / "traces" / "math_reasoning-gemma-smollm2-greedy.json").read_text())
+    data["rounds" if "rounds" in data else "steps"][2]["translation"]["sources"] = None
+    with pytest.raises(TraceError, match="translation sources must be a list"):
+        validate(Trace.from_dict(data))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html as html_lib
+import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -286,3 +288,31 @@ def test_a_slower_run_says_why_in_one_sentence_from_its_own_figures():
     )
     faster = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # ×1.36
     assert faster.totals.speedup > 1 and "Slower" not in stats_html(faster)
+
+
+def test_the_race_replays_both_runs_token_by_token_at_their_times():
+    from visualize.race import plain_tokens, race_html, spec_tokens
+
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    html = race_html(trace)
+    data = json.loads(html_lib.unescape(re.search(r'data-race="([^"]*)"', html).group(1)))
+    spec, plain = data["speculative"], data["plain"]
+    assert [x for _, x in spec] == spec_tokens(trace) and len(spec) == len(trace.output.token_ids)
+    assert [x for _, x in plain] == plain_tokens(trace) == spec_tokens(trace)  # identical outputs
+    for lane in (spec, plain):
+        times = [t for t, _ in lane]
+        assert times == sorted(times) and times[0] > 0
+    assert abs(plain[-1][0] - trace.baseline.token_times_s[-1]) < 1e-3
+    assert "not a simulation" in html
+    assert "Compare with plain decoding" in race_html(hand_made())  # no comparison: nothing to race
+
+
+def test_a_plain_run_records_each_tokens_time_and_text(tmp_path):
+    from conftest import tiny_model_folder
+
+    from decoding.api import RunConfig, plain_baseline
+
+    folder = tiny_model_folder(tmp_path / "tiny")
+    base = plain_baseline(RunConfig(target=str(folder), prompt="a b c", chat=False, max_new_tokens=20))
+    assert len(base.token_times_s) == len(base.token_ids) == len(base.token_texts)
+    assert base.token_times_s == sorted(base.token_times_s) and base.token_times_s[-1] <= base.wall_s + 1e-6

@@ -159,6 +159,7 @@ class Baseline:
     wall_s: float
     tokens_per_s: float
     token_times_s: list[float] = field(default_factory=list)  # when each token was ready
+    token_texts: list[str] = field(default_factory=list)  # each token's own text (empty in older traces)
 
 
 @dataclass

@@ -46,6 +46,7 @@ def _parts_problem(trace: Trace) -> str | None:
         and is_num(base.tokens_per_s)
         and isinstance(base.token_times_s, list)
         and all(is_num(t) for t in base.token_times_s)
+        and is_texts(base.token_texts)
     ):
         return "baseline needs a text, token ids, wall_s, tokens_per_s and token times as numbers"
     return None
@@ -94,6 +95,8 @@ def _translation_problem(s: Round) -> str | None:
         return "translation needs the draft's token ids and one text for each"
     if t.mode not in ("text", "vocab"):
         return f"translation mode must be 'text' or 'vocab', got {t.mode!r}"
+    if not isinstance(t.sources, list):
+        return "translation sources must be a list, one entry per drafted token"
     if len(t.sources) != s.k:
         return f"translation has sources for {len(t.sources)} tokens, but the round drafted {s.k}"
     if not all(

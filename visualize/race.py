@@ -1,0 +1,68 @@
+"""The race: a run and its plain-decoding comparison replayed side by side at their measured speed.
+
+Each token appears at the wall-clock time it was ready in the measured run (the trace's own
+times, prefill included), optionally slowed down for a class. The page's script
+(assets/speclens.js) plays it; this module writes the two lanes and their data as HTML.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+
+from decoding.trace import Trace
+
+SLOW_MOTION = (1, 5, 20)
+
+
+def spec_tokens(trace: Trace) -> list[str]:
+    """The run's output tokens' texts, in order (accepted drafts, then the target's own token)."""
+    texts: list[str] = []
+    for r in trace.rounds:
+        texts += [t.text for t in r.draft[: r.n_accepted]]
+        if r.emitted is not None:
+            texts.append(r.emitted.text)
+    return texts
+
+
+def plain_tokens(trace: Trace) -> list[str]:
+    """The plain run's tokens' texts: recorded, else the run's own where the outputs are the same
+    tokens, else the plain text cut into as many equal parts (a trace older than the record)."""
+    base = trace.baseline
+    if base.token_texts:
+        return base.token_texts
+    if base.token_ids == trace.output.token_ids:
+        return spec_tokens(trace)
+    n = max(1, len(base.token_ids))
+    size = max(1, -(-len(base.text) // n))
+    return [base.text[i * size : (i + 1) * size] for i in range(n)]
+
+
+def race_html(trace: Trace | None) -> str:
+    """Two lanes, speculative and plain, and the controls that replay them; a line saying what is
+    missing when the run has no comparison."""
+    if trace is None or trace.baseline is None or not trace.rounds:
+        return '<div class="sl-race sl-empty">Run with "Compare with plain decoding" to race the two.</div>'
+    lanes = {
+        "speculative": list(zip(trace.token_times_s(), spec_tokens(trace), strict=False)),
+        "plain": list(zip(trace.baseline.token_times_s, plain_tokens(trace), strict=False)),
+    }
+    data = escape(json.dumps({name: [[round(t, 4), x] for t, x in lane] for name, lane in lanes.items()}))
+    speeds = "".join(
+        f'<button class="sl-race-speed{" sl-on" if s == 1 else ""}" data-slow="{s}">×{s}</button>'
+        for s in SLOW_MOTION
+    )
+    rows = "".join(
+        f'<div class="sl-lane" data-lane="{name}"><div class="sl-lane-head">{name}'
+        f' · <span class="sl-lane-count">0</span> tokens</div><div class="sl-lane-text"></div></div>'
+        for name in lanes
+    )
+    return (
+        f'<div class="sl-race" data-race="{data}">'
+        '<div class="sl-race-bar"><button class="sl-race-play">▶ Race</button>'
+        f'<span class="sl-race-speeds">slow motion {speeds}</span>'
+        '<span class="sl-race-clock">0.00 s</span></div>'
+        f"{rows}"
+        '<div class="sl-caption">The measured run and its plain comparison replayed at the times each '
+        "token was ready (not a simulation).</div></div>"
+    )
