@@ -63,7 +63,6 @@ MAX_TRACE_BYTES = 20_000_000  # a 2,048-token run with every list filled is well
 TIME_LIMIT_S = float(os.environ.get("SPECLENS_TIME_LIMIT_S", "180"))
 DRAFT_SOURCES = {
     "n-gram (prompt lookup)": "ngram",
-    "suffix decoding (this and earlier runs)": "suffix",
     "trained draft head (EAGLE-3)": "head",
     "first N layers of the target": "layers",
     "separate draft model": "model",

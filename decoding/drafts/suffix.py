@@ -52,7 +52,10 @@ class SuffixCorpus:
             return self._flat
 
 
-SHARED = SuffixCorpus()  # earlier runs in this process: what makes a repeated request cheap
+# Earlier runs in this process: what makes a repeated request cheap. Drafts show their tokens, so a
+# server shared by several people must not hand one person's text to another's drafts: the app
+# does not offer this draft source (the command line and the API run one person's requests).
+SHARED = SuffixCorpus()
 _run_ids = itertools.count()
 
 
@@ -107,7 +110,7 @@ class SuffixDraft(Draft):
         return [(t, c / total) for t, c in counts.most_common()]
 
     def propose(self, seq, k, sampling, generator, min_confidence=None):
-        ids = seq[0]
+        ids = seq[0].cpu()  # the corpus lives in host memory
         self.corpus.update(self.run, ids)
         n, starts = self.longest_match(ids)
         if not n:
@@ -129,7 +132,7 @@ class SuffixDraft(Draft):
 
     def propose_tree(self, seq, depth, shape, stop_ids):
         """Children of a node: what followed the matched occurrences after the node's path, by share."""
-        ids = seq[0]
+        ids = seq[0].cpu()
         self.corpus.update(self.run, ids)
         n, starts = self.longest_match(ids)
         corpus = self.corpus.flat()
