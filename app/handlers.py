@@ -493,7 +493,7 @@ def check_measure(target: str) -> None:
 
 @gpu
 def measure_verify(target: str):
-    """Time the target's pass over 1, 2, 3, 5, 9 and 17 tokens here (decoding/probe.py)."""
+    """Time the target's pass over 1, 2, 3, 5, 9 and 17 tokens here (decoding/tools/probe.py)."""
     with user_errors():
         check_allowed(target)
         found = probe(load_model((target or "").strip()))

@@ -204,7 +204,9 @@ def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
     assert Trace.load(json_path).totals.new_tokens == 4
 
 
-@pytest.mark.parametrize("path", ["/etc/passwd", str(ROOT / "decoding" / "models.py"), "../../../etc/passwd"])
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", str(ROOT / "decoding" / "models" / "loading.py"), "../../../etc/passwd"]
+)
 def test_no_file_outside_the_apps_folders_is_served(live_app, path):
     import urllib.error
     import urllib.request

@@ -92,7 +92,7 @@ class Draft(ABC):
     def propose_tree(
         self, seq: torch.Tensor, depth: int, shape: TreeShape, stop_ids: Collection[int]
     ) -> TokenTree:
-        """A tree of up to `shape.nodes` tokens, `depth` deep, to follow `seq` (see decoding/tree.py)."""
+        """A tree of up to `shape.nodes` tokens, `depth` deep, to follow `seq` (see decoding/core/tree.py)."""
         raise SpecLensError(f"a {self.kind} draft cannot draft a token tree yet: use a chain (tree nodes 0)")
 
     def watching_target(self) -> contextlib.AbstractContextManager:

@@ -72,8 +72,8 @@ class LoadedModel:
     dtype: torch.dtype
     compiled: bool = False
     nbytes: int = 0  # weights in memory, what the model budget counts
-    row_kernel: bool = False  # linear layers run SpecLens's kernel (decoding/rowlinear.py)
-    packed: bool = False  # else the output layer runs through oneDNN, packed once (decoding/packed.py)
+    row_kernel: bool = False  # linear layers run SpecLens's kernel (decoding/runtime/rowlinear.py)
+    packed: bool = False  # else oneDNN's packed output layer (decoding/runtime/packed.py)
 
     @property
     def vocab_size(self) -> int:

@@ -238,7 +238,7 @@ class RunMeta:
     device: str = ""
     dtype: str = ""
     compiled: bool = False
-    row_kernel: bool = False  # linear layers through SpecLens's kernel (decoding/rowlinear.py)
+    row_kernel: bool = False  # linear layers through SpecLens's kernel (decoding/runtime/rowlinear.py)
     packed_output_layer: bool = False
     policy: Policy = field(default_factory=lambda: Policy("fixed", 0))  # as it was at the start
     sampling: Sampling = field(default_factory=Sampling)
