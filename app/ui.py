@@ -409,12 +409,13 @@ def _while_running(button, stop, check_and_run, inputs, outputs, api_name: str, 
     finished.
     """
     check, fn = check_and_run
-    cleared = cleared or {}
-    off = [gr.update(interactive=False), *cleared.values()]
-    disable = button.click(lambda: off, None, [button, *cleared], **PRIVATE)
+    disable = button.click(lambda: gr.update(interactive=False), None, button, **PRIVATE)
     checked = disable.then(check, inputs, None, **PRIVATE, **MODEL)
+    ready = checked
+    if cleared:  # only once the settings passed: a refused input leaves every view as it was
+        ready = checked.success(lambda: list(cleared.values()), None, list(cleared), **PRIVATE)
     # The run's progress shows on its first view alone, so an error marks no other view.
-    run = checked.success(fn, inputs, outputs, api_name=api_name, show_progress_on=outputs[:1], **MODEL)
+    run = ready.success(fn, inputs, outputs, api_name=api_name, show_progress_on=outputs[:1], **MODEL)
     for step in (checked, run):
         step.failure(_enable, None, button, **PRIVATE)
     run.success(_enable, None, button, **PRIVATE)

@@ -282,6 +282,13 @@ def refused(page, message: str, button: str = "#run") -> None:
     page.evaluate("() => document.querySelectorAll('.toast-close').forEach(b => b.click())")
 
 
+def refused_and_kept(page, message: str) -> None:
+    """Refused in Explore: the example run the page opened on stays on show, untouched."""
+    refused(page, message)
+    assert page.locator("#run-status").inner_text().startswith("Example run")
+    assert page.locator("#timeline [data-round]").count() > 10
+
+
 def test_the_first_load_shows_an_example_run_and_replay_its_example(page):
     page.wait_for_selector("#timeline [data-round]", timeout=60_000)
     assert page.locator("#timeline [data-round]").count() > 10
@@ -297,14 +304,14 @@ def test_the_first_load_shows_an_example_run_and_replay_its_example(page):
 def test_refused_inputs_leave_run_usable_and_mark_nothing(page):
     page.wait_for_selector("#timeline [data-round]", timeout=60_000)
     page.fill("#prompt textarea", "   ")
-    refused(page, "the prompt is empty")
+    refused_and_kept(page, "the prompt is empty")
     page.fill("#prompt textarea", "word " * 5000)  # 25,000 characters: past the context
-    refused(page, "exceeds")
+    refused_and_kept(page, "exceeds")
     page.fill("#prompt textarea", "Repeat exactly: red, green, blue. red, green, blue.")
     for name, message in (("no-such-model", "unknown model"), ("someone/some-model", "not reachable")):
         page.fill("#target input", name)
         page.press("#target input", "Enter")
-        refused(page, message)
+        refused_and_kept(page, message)
     page.fill("#target input", "smollm2-135m")
     page.press("#target input", "Enter")
     set_number(page, "max-new", 8)
