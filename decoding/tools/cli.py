@@ -293,16 +293,7 @@ def _sweep(args: argparse.Namespace) -> int:
         _, table = sweep(run_config(args), values, report, repeats=args.repeats)
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
-    print(table.round(3).to_string(index=False))
-    best = table[table["best"]]
-    if best.empty:
-        print(f"no clear best {name}: the top settings' speedups overlap over {args.repeats} repeats")
-    else:
-        row = best.iloc[0]
-        print(
-            f"best {name} = {int(row[column])}: x{row['speedup']:.2f} over plain decoding "
-            f"(x{row['speedup_low']:.2f}-{row['speedup_high']:.2f} over {args.repeats} repeats)"
-        )
+    _print_table(table, name, column, args.repeats)
     return 0
 
 
@@ -318,17 +309,23 @@ def _compare(args: argparse.Namespace) -> int:
     _, table = compare(run_config(args, draft=drafts[0]), drafts, report, repeats=args.repeats)
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
+    _print_table(table, "draft", "draft", args.repeats)
+    return 0
+
+
+def _print_table(table, name: str, column: str, repeats: int) -> None:
+    """A sweep's or a comparison's table, then its best setting, or why none is named."""
     print(table.round(3).to_string(index=False))
     best = table[table["best"]]
     if best.empty:
-        print(f"no clear best draft: the top sources' speedups overlap over {args.repeats} repeats")
-    else:
-        row = best.iloc[0]
-        print(
-            f"best draft = {row['draft']}: x{row['speedup']:.2f} over plain decoding "
-            f"(x{row['speedup_low']:.2f}-{row['speedup_high']:.2f} over {args.repeats} repeats)"
-        )
-    return 0
+        print(f"no clear best {name}: the top settings' speedups overlap over {repeats} repeats")
+        return
+    row = best.iloc[0]
+    value = row[column] if column == "draft" else int(row[column])
+    print(
+        f"best {name} = {value}: x{row['speedup']:.2f} over plain decoding "
+        f"(x{row['speedup_low']:.2f}-{row['speedup_high']:.2f} over {repeats} repeats)"
+    )
 
 
 def _probe(args: argparse.Namespace) -> int:

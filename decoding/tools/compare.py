@@ -14,7 +14,7 @@ from ..api import RunConfig
 from ..core.plain import StopCheck
 from ..errors import SpecLensError
 from ..trace import Trace
-from .sweep import interleaved, median_run, with_best
+from .sweep import interleaved, median_run, spread, with_best
 
 COMPARE_COLUMNS = [
     "draft",
@@ -61,7 +61,6 @@ def compare_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
         trace = median_run(runs)
         t = trace.totals
         step = costmodel.target_ms_per_token(trace.baseline.token_times_s) or math.nan
-        speedups = [r.totals.speedup for r in runs]
         rows.append(
             {
                 "draft": trace.meta.draft,
@@ -71,9 +70,7 @@ def compare_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
                 "speedup": t.speedup,
-                "speedup_low": min(speedups),
-                "speedup_high": max(speedups),
-                "repeats": len(runs),
+                **spread(runs),
                 "identical_to_baseline": all(r.totals.identical_to_baseline for r in runs),
             }
         )

@@ -140,7 +140,7 @@ def median_run(traces: Sequence[Trace]) -> Trace:
     return ranked[(len(ranked) - 1) // 2]
 
 
-def _spread(traces: Sequence[Trace]) -> dict:
+def spread(traces: Sequence[Trace]) -> dict:
     speedups = [t.totals.speedup for t in traces]
     return {"speedup_low": min(speedups), "speedup_high": max(speedups), "repeats": len(speedups)}
 
@@ -179,7 +179,7 @@ def tree_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
                 "speedup": t.speedup,
-                **_spread(runs),
+                **spread(runs),
                 "verify_ms": verify,
                 "verify_ratio": verify / t_target,
                 "identical_to_baseline": t.identical_to_baseline,
@@ -216,7 +216,7 @@ def sweep_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
                 "speedup": t.speedup,
-                **_spread(runs),
+                **spread(runs),
                 "predicted_leviathan": costmodel.expected_speedup(alpha, k, t_draft / t_target),
                 "predicted_measured": costmodel.expected_speedup_measured(alpha, k, t_target, t_draft, v),
                 "draft_ms_per_token": t_draft,
