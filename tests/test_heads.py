@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import iter_trace, speculative_generate
+from decoding.drafts import HybridDraft, NGramDraft
 from decoding.drafts.head import (
     EagleHead,
     FeatureTap,
@@ -25,10 +26,21 @@ from decoding.drafts.head import (
     load_head,
 )
 from decoding.errors import SpecLensError
+from decoding.models.loading import load_model
 from decoding.runtime.rowlinear import RowLinear
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
-from decoding.tools.train_head import heldout_split, ttt_unroll
+from decoding.tools.prompts import read_prompts
+from decoding.tools.train_head import (
+    TrainConfig,
+    draft_vocabulary,
+    generate_answers,
+    heldout_split,
+    new_head,
+    train,
+    training_sequences,
+    ttt_unroll,
+)
 from decoding.trace import validate
 
 SHIPPED = ROOT / "assets" / "heads" / "smollm2-135m"
@@ -65,6 +77,8 @@ def trained_tiny(tmp_path_factory):
         "24",
         "--epochs",
         "4",
+        "--eval-every",
+        "22",
         "--draft-vocab",
         "20",
         "--lr",
@@ -87,7 +101,7 @@ def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
     assert config["draft_vocab_size"] == 20
     card = config["speclens"]
     assert card["command"].startswith("python -m decoding train-head") and card["fingerprint"]
-    assert 1 <= card["epoch"] <= 4 and len(card["train_top1_by_step"]) == 3
+    assert card["sequences_trained"] in (22, 44, 66, 88) and len(card["train_top1_by_step"]) == 3
     assert len(card["heldout_top1_by_step"]) == 3  # 2 of the 24 prompts were held out
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) >= {"fc.weight", "midlayer.self_attn.q_proj.weight", "d2t", "t2d"}
@@ -96,7 +110,43 @@ def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
 
     assert main(argv) == 0  # every stage is found done: nothing is generated or trained again
     assert (work / "answers.jsonl").read_text() == answers
-    assert "train 1/4" not in capsys.readouterr().err
+    assert "train: " not in capsys.readouterr().err
+    assert set(card["stage_minutes"]) == {"answers", "training"}
+
+
+def test_training_interrupted_midway_resumes_to_the_same_head(trained_tiny, tmp_path):
+    """A run stopped after 7 sequences and resumed ends with the head an unbroken run makes."""
+    folder, _, work, _ = trained_tiny
+    target = load_model(str(folder), "cpu", "float32")
+    cfg = TrainConfig(answer_tokens=24, draft_vocab=20, lr=3e-3, max_sequences=15, checkpoint_every=4)
+    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
+    data = training_sequences(
+        target.tokenizer, prompts, generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64
+    )
+    fit, held = heldout_split(data, 0.1, 0)
+    draft_ids, _ = draft_vocabulary(fit, target.vocab_size, 20)
+    heads = []
+    for stops in ([None], [7, None]):
+        checkpoint = tmp_path / f"{len(stops)}.pt"
+        for stop in stops:
+            head = new_head(target, draft_ids, 0)
+            figures = train(head, target, fit, held, cfg, checkpoint, stop_at=stop)
+            assert (figures == {}) == (stop is not None)  # an interrupted run has no head to give yet
+        heads.append(head.state_dict())
+    assert all(torch.equal(heads[0][name], heads[1][name]) for name in heads[0])
+    assert (
+        figures["sequences_trained"] == 15
+        and torch.load(checkpoint, weights_only=False)["state"]["seen"] == 15
+    )
+
+
+def test_the_draft_vocabulary_is_the_greedy_answers_most_frequent_tokens():
+    data = [
+        {"ids": torch.tensor([9, 9, 1, 1, 1, 2]), "prompt_len": 2, "variant": 0},  # answer: 1 1 1 2
+        {"ids": torch.tensor([3, 3, 3]), "prompt_len": 0, "variant": 1},  # sampled: not counted
+    ]
+    ids, coverage = draft_vocabulary(data, 10, 1)
+    assert ids.tolist() == [1] and coverage == 0.75
 
 
 def test_trained_head_is_lossless_for_every_k(trained_tiny):
@@ -114,6 +164,26 @@ def test_trained_head_is_lossless_for_every_k(trained_tiny):
             validate(trace)
             accepted += trace.totals.accepted
     assert accepted > 0  # the trained head is right sometimes, so the accept path ran too
+
+
+def test_hybrid_draft_is_lossless_and_names_its_source(trained_tiny):
+    """N-gram rounds where the text repeats, head rounds elsewhere; the head, skipping the
+    n-gram rounds, still reads every feature it missed and drafts full rounds."""
+    folder, out, _, _ = trained_tiny
+    target = f64_target(folder)
+    head = load_head(out, target, torch.device("cpu"), torch.float64)
+    sources = set()
+    for prompt in ([3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 2, 9, 2, 9, 2], [20, 21, 5]):
+        ids = torch.tensor([prompt])
+        expected = autoregressive_generate(target, ids, max_new_tokens=40).token_ids
+        for k, min_match in [(1, 1), (3, 2), (5, 2), (8, 3)]:
+            draft = HybridDraft(NGramDraft(), HeadDraft(head, target, "head"), min_match)
+            trace = speculative_generate(target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
+            assert trace.output.token_ids == expected, f"k={k} prompt={prompt}"
+            validate(trace)
+            sources |= {r.source for r in trace.rounds}
+            assert all(r.k > 0 for r in trace.rounds if r.source == "head")  # its features lined up
+    assert sources - {None} == {"ngram", "head"}  # None: a last round with no room to draft
 
 
 def test_training_unrolls_the_head_as_it_drafts(tiny_target):
@@ -242,6 +312,27 @@ def test_head_sampling_follows_the_target(sampling):
         counts[t1, t2] += 1
         accepted += trace.totals.accepted
     assert runs * 0.1 < accepted < runs * 2 * 0.95
+    assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=6)])
+def test_hybrid_sampling_follows_the_target(sampling):
+    vocab = 10
+    target = tiny_llama(seed=3, layers=4, vocab=vocab, init=0.6)
+    head = random_head(target, [0, 1, 2, 3, 5, 6, 8], seed=2, std=0.5)
+    prompt = torch.tensor([[0, 2, 3, 4, 5, 6, 7, 8, 9, 1]])  # "1" never occurred: the head drafts first
+    joint = exact_pair_distribution(target, prompt, sampling)
+    counts, sources, runs = np.zeros((vocab, vocab)), [], 1000
+    draft = HybridDraft(NGramDraft(), HeadDraft(head, target, "h"), min_match=1)
+    for seed in range(runs):
+        s = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+        # A third token gives the second round room to draft: by n-gram when the first
+        # new token is one of the prompt's, else by the head.
+        trace = speculative_generate(target, prompt, draft, make_policy("fixed", 1), s, max_new_tokens=3)
+        t1, t2 = trace.output.token_ids[:2]
+        counts[t1, t2] += 1
+        sources += [r.source for r in trace.rounds]
+    assert min(sources.count("ngram"), sources.count("head")) > runs * 0.02  # both sources drafted
     assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA
 
 

@@ -27,6 +27,7 @@ KIND_LABELS = {
     "bonus": "target's bonus",
     "target": "target alone (nothing drafted)",
 }
+SOURCE_LABELS = {"ngram": "n-gram", "head": "head"}  # which source of a hybrid draft drafted a round
 
 
 def _shown(text: str) -> str:
@@ -123,6 +124,8 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
     if rnd.translation is not None:  # a draft with another tokenizer: k counts target tokens
         n = len(rnd.translation.ids)
         shape += f" from {n} draft token{'s' * (n != 1)}"
+    if rnd.source:  # a draft of several sources: the one that drafted this round
+        shape += f" · by {SOURCE_LABELS.get(rnd.source, rnd.source)}"
     nodes = f' data-tree-nodes="{len(rnd.tree)}"' if rnd.tree else ""
     return (
         f'<div class="{cls}" data-round="{index}"{nodes}>'

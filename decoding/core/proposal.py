@@ -34,6 +34,7 @@ class Proposal:
     top: tuple[torch.Tensor, torch.Tensor] | None = None
     match: Match | None = None  # n-gram drafts: where the tokens were copied from
     translation: Translation | None = None  # a draft with another tokenizer: its own tokens
+    source: str | None = None  # a draft of several sources (hybrid): the one that drafted this
 
     @classmethod
     def from_steps(
@@ -62,6 +63,7 @@ class Proposal:
             None if self.top is None else (self.top[0][:n], self.top[1][:n]),
             self.match,
             None if self.translation is None else self.translation.cut(n),
+            self.source,
         )
 
 

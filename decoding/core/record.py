@@ -63,6 +63,7 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
         match=proposal.match,
         tree=None if r.tree is None else _tree_nodes(*r.tree, token_text),
         translation=proposal.translation,
+        source=proposal.source,
     )
 
 

@@ -2,7 +2,8 @@
 
 `ngram` (prompt lookup), `suffix` (suffix decoding over this and earlier runs), `model` (a smaller model with the target's
 tokenizer), `layers` (the target's first N layers), `cross_tokenizer` (a model
-with another tokenizer, through text) and `head` (a trained EAGLE-3 head). Each
+with another tokenizer, through text), `head` (a trained EAGLE-3 head) and
+`hybrid` (n-gram where the text repeats itself, the head elsewhere). Each
 implements `decoding.core.proposal.Draft`; this module is the only one that
 imports them all.
 """
@@ -16,6 +17,7 @@ from ..models.paths import public_name
 from ..runtime.rowlinear import use_row_kernel
 from .cross_tokenizer import CrossTokenizerDraft
 from .head import HeadDraft, load_head, shipped_head
+from .hybrid import HybridDraft
 from .layers import LayerDraft
 from .model import ModelDraft
 from .ngram import NGramDraft
@@ -24,6 +26,7 @@ from .suffix import SuffixDraft
 __all__ = [
     "CrossTokenizerDraft",
     "HeadDraft",
+    "HybridDraft",
     "LayerDraft",
     "ModelDraft",
     "NGramDraft",
@@ -33,7 +36,7 @@ __all__ = [
 
 
 def build_draft(spec: str, target: LoadedModel) -> Draft | None:
-    """`ngram`, `suffix`, `layers:N`, `head`, `head:PATH`, `none`, or a model name for a separate draft
+    """`ngram`, `suffix`, `layers:N`, `head`, `head:PATH`, `ngram+head`, `ngram+head:PATH`, `none`, or a model name for a separate draft
     model (one with another tokenizer drafts through text: see cross_tokenizer.py)."""
     spec = (spec or "").strip()
     if spec in ("", "none"):
@@ -44,6 +47,8 @@ def build_draft(spec: str, target: LoadedModel) -> Draft | None:
         return SuffixDraft()
     if spec == "head" or spec.startswith("head:"):
         return _head_draft(spec, target)
+    if spec == "ngram+head" or spec.startswith("ngram+head:"):
+        return HybridDraft(NGramDraft(), _head_draft(spec.removeprefix("ngram+"), target))
     if spec.startswith("layers:"):
         try:
             n = int(spec.split(":", 1)[1])

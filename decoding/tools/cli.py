@@ -140,6 +140,13 @@ def _add_train_head_command(sub) -> None:
     t.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can propose")
     t.add_argument("--steps", type=int, default=3, help="training-time-test steps")
     t.add_argument("--epochs", type=int, default=5)
+    t.add_argument(
+        "--max-sequences",
+        type=int,
+        default=0,
+        help="sequences to train on in all, the learning rate decaying over them (0: epochs × all)",
+    )
+    t.add_argument("--eval-every", type=int, default=2000, help="sequences between held-out measurements")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument(
         "--prompt-share",
@@ -344,6 +351,8 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         draft_vocab=args.draft_vocab,
         steps=args.steps,
         epochs=args.epochs,
+        max_sequences=args.max_sequences,
+        eval_every=args.eval_every,
         lr=args.lr,
         prompt_share=args.prompt_share,
         holdout=args.holdout,
@@ -352,10 +361,12 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         limit=args.limit,
         answer_dtype=args.answer_dtype,
     )
-    if min(cfg.answer_tokens, cfg.batch_size, cfg.draft_vocab, cfg.steps, cfg.epochs) < 1 or cfg.limit < 0:
+    if min(cfg.answer_tokens, cfg.batch_size, cfg.draft_vocab, cfg.steps, cfg.epochs, cfg.eval_every) < 1:
         raise SpecLensError(
-            "--answer-tokens, --batch-size, --draft-vocab, --steps and --epochs must be at least 1"
+            "--answer-tokens, --batch-size, --draft-vocab, --steps, --epochs and --eval-every must be at least 1"
         )
+    if cfg.limit < 0 or cfg.max_sequences < 0:
+        raise SpecLensError("--limit and --max-sequences must be 0 (all) or more")
     if not (0 <= cfg.prompt_share <= 1 and 0 <= cfg.holdout < 1):
         raise SpecLensError("--prompt-share must be within 0..1 and --holdout within 0..1 (below 1)")
     target = load_model(args.target, args.device, "float32")

@@ -1,33 +1,37 @@
-"""Training a draft head by self-distillation, in three resumable stages.
+"""Training a draft head by self-distillation, resumable at any point.
 
 1. answers: the target's own answers to the training prompts, generated in
-   batches (greedy, plus `sampled` answers per prompt at temperature 0.7);
-2. features: one target pass per prompt + answer, keeping the three tapped
-   layers and the target's final hidden state (float16, in the work folder);
-3. training: EAGLE-3's training-time test. The head is unrolled `steps`
-   steps, each step reading the previous step's own output feature, exactly
-   as it drafts; the loss is the cross-entropy against the target's
-   distribution over the draft vocabulary at every answer position and a
-   share of the prompt's. Why EAGLE-3's and not EAGLE-1's feature loss:
-   drafting k tokens feeds the head its own features from the second token
-   on, and training on them is what keeps acceptance up at positions 2 and 3.
-   A share of the prompts is held out; each epoch is measured on their
-   answers and the best epoch is kept: with a few hundred answers a head
-   overfits fast (docs/trained-head.md).
+   batches (greedy, plus `sampled` answers per prompt at temperature 0.7),
+   appended to the work folder as they are made;
+2. the draft vocabulary: the tokens the target's greedy answers use most;
+3. training: EAGLE-3's training-time test, one sequence a step, the target's
+   features recomputed for each sequence as it is trained on (stored, tens of
+   thousands of sequences' features would take tens of gigabytes). The head is
+   unrolled `steps` steps, each step reading the previous step's own output
+   feature, exactly as it drafts; the loss is the cross-entropy against the
+   target's distribution over the draft vocabulary at every answer position and
+   a share of the prompt's, step j weighted 0.8^(j-1). Why EAGLE-3's and not
+   EAGLE-1's feature loss: drafting k tokens feeds the head its own features
+   from the second token on, and training on them is what keeps acceptance up at
+   positions 2 and 3. A share of the prompts is held out; the head is measured
+   on their answers every `eval_every` sequences and the best measurement is kept.
 
-Each stage saves what it made in the work folder and is skipped when it is
-already there, so an interrupted run resumes; training saves a checkpoint
-every epoch. Nothing here is used at decoding time.
+The answers file and a checkpoint every `checkpoint_every` sequences let an
+interrupted run resume where it stopped; `stages.json` adds up each stage's
+minutes over the runs. Nothing here is used at decoding time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as _dt
+import functools
 import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,11 +54,15 @@ class TrainConfig:
     draft_vocab: int = 8192
     steps: int = 3  # training-time-test depth
     epochs: int = 5
+    max_sequences: int = 0  # sequences trained on in all, 0 = epochs × training sequences
     lr: float = 1e-3
     prompt_share: float = 0.2  # share of prompt positions trained on; every answer position is
-    holdout: float = 0.1  # share of the prompts held out to measure each epoch and pick the best
+    holdout: float = 0.1  # share of the prompts held out to measure the head and keep its best
+    heldout_max: int = 200  # held-out sequences measured (their features are kept in memory)
+    eval_every: int = 2000  # sequences between two held-out measurements
+    checkpoint_every: int = 250
     tune_lm_head: bool = False  # train the output layer too (it starts as the target's rows)
-    max_len: int = 1280  # tokens of prompt + answer kept (the end of longer ones)
+    max_len: int = 768  # tokens of prompt + answer kept (the end of longer ones)
     seed: int = 0
     limit: int = 0  # prompts used, 0 = all (CI's short run)
     answer_dtype: str = (
@@ -107,36 +115,46 @@ def generate_answers(
     return sorted(done, key=lambda r: (r["variant"], r["prompt"]))
 
 
-# --- stage 2: features --------------------------------------------------------
+# --- stage 2: the training sequences and the draft vocabulary -----------------
 
 
-@torch.inference_mode()
-def extract_features(
-    target: LoadedModel, sequences: list[list[int]], layers: tuple[int, ...], cfg: TrainConfig
-):
-    """Per sequence: ids, the tapped features [T, 3h] and the final hidden state [T, h], in float16."""
-    tap = FeatureTap.on(target.model, layers)
-    data = []
-    for ids in tqdm(sequences, desc="features", unit="seq"):
-        ids = ids[-cfg.max_len :]
-        x = torch.tensor([ids], device=target.device)
-        rows: dict = {}
-        with tap.recording(rows):
-            final = target.model.model(input_ids=x).last_hidden_state[0]
-        aux = tap.take(rows)
-        data.append({"ids": x[0].cpu(), "aux": aux.half().cpu(), "final": final.half().cpu()})
-    return data
+def training_sequences(tokenizer, prompts: list[str], answers: list[dict], max_len: int) -> list[dict]:
+    """Per answer: its ids (the last `max_len` of prompt + answer), where its answer starts, and
+    which prompt it answers. Features are not kept: each is recomputed when trained on (see train)."""
+    out = []
+    for r in answers:
+        prompt_len = len(
+            tokenizer(chat_text(tokenizer, prompts[r["prompt"]]), add_special_tokens=False)["input_ids"]
+        )
+        ids = r["ids"][-max_len:]
+        out.append({"ids": torch.tensor(ids), "prompt_len": prompt_len - (len(r["ids"]) - len(ids)),
+                    "prompt": r["prompt"], "variant": r["variant"]})  # fmt: skip
+    return out
 
 
-def draft_vocabulary(data: list[dict], lm_head: torch.Tensor, size: int) -> tuple[torch.Tensor, float]:
-    """The `size` tokens the target predicts most often, sorted by id, and the share of predictions they cover."""
-    counts = torch.zeros(lm_head.shape[0], dtype=torch.long)
+def draft_vocabulary(data: list[dict], vocab_size: int, size: int) -> tuple[torch.Tensor, float]:
+    """The `size` tokens most frequent in the target's greedy answers (each one is the target's
+    top prediction where it stands), sorted by id, and the share of those answers' tokens they cover."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
     for d in data:
-        top = (d["final"].float() @ lm_head.float().T).argmax(-1)
-        counts += torch.bincount(top, minlength=lm_head.shape[0])
-    size = min(size, lm_head.shape[0])
+        if d["variant"] == 0:
+            counts += torch.bincount(d["ids"][max(d["prompt_len"], 0) :], minlength=vocab_size)[:vocab_size]
+    size = min(size, vocab_size)
     chosen = torch.topk(counts, size).indices.sort().values
-    return chosen, float(counts[chosen].sum() / counts.sum())
+    return chosen, float(counts[chosen].sum() / max(int(counts.sum()), 1))
+
+
+@torch.no_grad()
+def with_features(target: LoadedModel, tap: FeatureTap, d: dict) -> dict:
+    """`d` with the target's tapped features [T, 3h] and final hidden state [T, h] for its ids.
+
+    Recomputed each time a sequence is trained on rather than stored: tens of thousands
+    of sequences' features would take tens of gigabytes, and a target pass costs less
+    than the head's training step on the same sequence."""
+    rows: dict = {}
+    with tap.recording(rows):
+        final = target.model.model(input_ids=d["ids"][None].to(target.device)).last_hidden_state[0]
+    return d | {"aux": tap.take(rows).float().cpu(), "final": final.float().cpu()}
 
 
 # --- stage 3: training --------------------------------------------------------
@@ -260,60 +278,104 @@ def agreement(head: EagleHead, embed: torch.Tensor, data: list[dict], label_rows
     return [round(a / max(b, 1), 4) for a, b in sums]
 
 
-def train(head: EagleHead, target: LoadedModel, data: list[dict], cfg: TrainConfig, checkpoint: Path) -> dict:
-    """Trains in place, resuming from `checkpoint`; leaves the head at its best epoch
-    on the held-out prompts (the last one without any) and returns that epoch's figures."""
+def train(
+    head: EagleHead,
+    target: LoadedModel,
+    fit: list[dict],
+    held: list[dict],
+    cfg: TrainConfig,
+    checkpoint: Path,
+    stop_at: int | None = None,
+) -> dict:
+    """Trains in place, one sequence a step, resuming from `checkpoint` wherever it stopped;
+    measures `held` every `eval_every` sequences and at the end, and leaves the head at its
+    best measurement (the last one without held-out prompts). Returns that one's figures.
+    `stop_at` stops after that many sequences with a checkpoint, as an interrupted run does."""
     embed = target.model.get_input_embeddings().weight.detach().float().cpu()
     label_rows = target.model.get_output_embeddings().weight.detach().float().cpu()[head.draft_ids]
+    total = cfg.max_sequences or cfg.epochs * len(fit)
+    params, opt, sched = optimizer(head, cfg, total)
+    state = {"seen": 0, "sums": [[0, 0] for _ in range(cfg.steps)], "best": {"score": -1.0}}
+    if checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        head.load_state_dict(saved["head"])
+        opt.load_state_dict(saved["opt"])
+        sched.load_state_dict(saved["sched"])
+        state = saved["state"]
+    tap = FeatureTap.on(target.model, head.c.aux_layers)
+    held = [with_features(target, tap, d) for d in held]  # measured again and again: computed once
+    end = min(total, stop_at or total)
+    bar = tqdm(total=total, initial=state["seen"], desc="train", unit="seq", disable=state["seen"] >= end)
+    while state["seen"] < end:
+        step = state["seen"]
+        d = with_features(
+            target, tap, fit[epoch_order(len(fit), step // len(fit), cfg.seed)[step % len(fit)]]
+        )
+        draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        loss, counts = ttt_loss(head, embed, d, label_rows, cfg.steps, cfg.prompt_share, draw)
+        if loss is not None:
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 0.5)
+            opt.step()
+            bar.set_postfix(loss=f"{loss.item():.2f}")
+        sched.step()
+        for s, (agree, judged) in zip(state["sums"], counts):
+            s[0], s[1] = s[0] + agree, s[1] + judged
+        state["seen"] += 1
+        bar.update(1)
+        if state["seen"] % cfg.eval_every == 0 or state["seen"] == total:
+            measure(head, embed, held, label_rows, cfg, state, len(fit))
+        if state["seen"] % cfg.checkpoint_every == 0 or state["seen"] == end:
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "state": state}, checkpoint)  # fmt: skip
+    bar.close()
+    if state["seen"] < total:
+        return {}
+    head.load_state_dict(state["best"]["head"])
+    head.eval()
+    return state["best"]["figures"]
+
+
+def optimizer(head: EagleHead, cfg: TrainConfig, total: int):
+    """(trained parameters, AdamW, its schedule: 50 steps of warm-up, then a linear decay over `total`)."""
     # The output layer starts as the target's own rows; left as they are, the head
     # cannot overfit its largest matrix to a few hundred answers.
     head.lm_head.weight.requires_grad_(cfg.tune_lm_head)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    fit, held = heldout_split(data, cfg.holdout, cfg.seed)
-    total = cfg.epochs * len(fit)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / total)
     )
-    epoch0, best = 0, {"figures": {}, "score": -1.0, "head": None}
-    if checkpoint.exists():
-        state = torch.load(checkpoint, weights_only=False)
-        head.load_state_dict(state["head"])
-        opt.load_state_dict(state["opt"])
-        sched.load_state_dict(state["sched"])
-        epoch0, best = state["epoch"], state["best"]
-    rng = random.Random(cfg.seed)
-    orders = [rng.sample(range(len(fit)), len(fit)) for _ in range(cfg.epochs)]
-    for epoch in range(epoch0, cfg.epochs):
+    return params, opt, sched
+
+
+@functools.lru_cache(maxsize=2)
+def epoch_order(n: int, epoch: int, seed: int) -> list[int]:
+    """The order the training sequences are visited in that epoch: a resumed run finds its place."""
+    return random.Random(seed * 1000 + epoch).sample(range(n), n)
+
+
+def measure(
+    head: EagleHead, embed: torch.Tensor, held: list[dict], label_rows: torch.Tensor, cfg: TrainConfig,
+    state: dict, n_fit: int,
+) -> None:  # fmt: skip
+    """Held-out agreement now; the head is kept in `state["best"]` when it beats the best so far."""
+    seen = state["seen"]
+    figures = {
+        "sequences_trained": seen,
+        "epochs": round(seen / max(n_fit, 1), 2),
+        "train_top1_by_step": [round(a / max(b, 1), 4) for a, b in state["sums"]],
+    }
+    state["sums"] = [[0, 0] for _ in range(cfg.steps)]
+    if held:
+        figures["heldout_top1_by_step"] = agreement(head, embed, held, label_rows, cfg.steps)
+        print(f"after {seen} sequences: held-out agreement by step {figures['heldout_top1_by_step']}")
         head.train()
-        draw = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-        sums = [[0, 0] for _ in range(cfg.steps)]
-        bar = tqdm(orders[epoch], desc=f"train {epoch + 1}/{cfg.epochs}", unit="seq")
-        for i in bar:
-            loss, counts = ttt_loss(head, embed, fit[i], label_rows, cfg.steps, cfg.prompt_share, draw)
-            if loss is None:
-                continue
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 0.5)
-            opt.step()
-            sched.step()
-            for s, (agree, judged) in zip(sums, counts):
-                s[0], s[1] = s[0] + agree, s[1] + judged
-            bar.set_postfix(loss=f"{loss.item():.2f}", top1=" ".join(f"{a / max(b, 1):.2f}" for a, b in sums))
-        figures = {"epoch": epoch + 1, "train_top1_by_step": [round(a / max(b, 1), 4) for a, b in sums]}
-        if held:
-            figures["heldout_top1_by_step"] = agreement(head, embed, held, label_rows, cfg.steps)
-            print(f"epoch {epoch + 1}: held-out agreement by step {figures['heldout_top1_by_step']}")
-        # Expected drafts accepted per round of `steps`, were the steps independent.
-        score = sum(math.prod(figures.get("heldout_top1_by_step", [1])[: j + 1]) for j in range(cfg.steps))
-        if not held or score >= best["score"]:
-            best = {"figures": figures, "score": score, "head": copy.deepcopy(head.state_dict())}
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                    "epoch": epoch + 1, "best": best}, checkpoint)  # fmt: skip
-    head.load_state_dict(best["head"])
-    head.eval()
-    return best["figures"]
+    # Expected drafts accepted per round of `steps`, were the steps independent.
+    score = sum(math.prod(figures.get("heldout_top1_by_step", [1])[: j + 1]) for j in range(cfg.steps))
+    if not held or score >= state["best"]["score"]:
+        state["best"] = {"figures": figures, "score": score, "head": copy.deepcopy(head.state_dict())}
 
 
 def train_head(
@@ -326,45 +388,38 @@ def train_head(
     answerer: LoadedModel | None = None,
 ) -> dict:
     """The whole run: answers (by `answerer`, the target in another dtype, where given),
-    features, training, then the head folder with its card."""
-    started = time.time()
+    training, then the head folder with its card."""
     if "dev" in prompts_path.name:
         raise SpecLensError("refusing to train on a dev file: the dev prompts are what heads are measured on")
     prompts = [row["prompt"] for row in read_prompts(prompts_path, need_category=False)]
     prompts = prompts[: cfg.limit] if cfg.limit else prompts
     work.mkdir(parents=True, exist_ok=True)
-    # Everything but the epoch count: a later run with more epochs trains on from the checkpoint.
-    same = asdict(cfg) | {"prompts": str(prompts_path), "target": target.name, "epochs": None}
-    settings = json.dumps(same, sort_keys=True)
+    # Everything but how long to train: a later run with more trains on from the checkpoint.
+    same = asdict(cfg) | {"prompts": str(prompts_path), "target": target.name}
+    settings = json.dumps(same | {"epochs": None, "max_sequences": None, "eval_every": None}, sort_keys=True)
     stamp = work / "settings.json"
     if stamp.exists() and stamp.read_text() != settings:
         raise SpecLensError(f"{work} holds a run with other settings: remove it or pass another --work")
     stamp.write_text(settings)
-    answers = generate_answers(answerer or target, prompts, cfg, work / "answers.jsonl")
-    sequences = [r["ids"] for r in answers]
-    layers = HeadConfig.for_target(target.model.config, cfg.draft_vocab).aux_layers
-    feats_path = work / "features.pt"
-    data = torch.load(feats_path, weights_only=False) if feats_path.exists() else []
-    if len(data) < len(sequences):  # what an interrupted run left undone
-        data += extract_features(target, sequences[len(data) :], layers, cfg)
-        torch.save(data, feats_path)
-    for d, r in zip(data, answers):  # where the answer starts, in the (maybe cut) sequence
-        prompt = target.tokenizer(chat_text(target.tokenizer, prompts[r["prompt"]]), add_special_tokens=False)
-        d["prompt_len"] = len(prompt["input_ids"]) - (len(r["ids"]) - d["ids"].shape[0])
-        d["prompt"] = r["prompt"]
-    lm_head = target.model.get_output_embeddings().weight.detach().cpu()
-    draft_ids, coverage = draft_vocabulary(data, lm_head, cfg.draft_vocab)
+    with stage_clock(work, "answers"):
+        answers = generate_answers(answerer or target, prompts, cfg, work / "answers.jsonl")
+    data = training_sequences(target.tokenizer, prompts, answers, cfg.max_len)
+    fit, held = heldout_split(data, cfg.holdout, cfg.seed)
+    held = held[: cfg.heldout_max]
+    draft_ids, coverage = draft_vocabulary(fit, target.vocab_size, cfg.draft_vocab)
     head = new_head(target, draft_ids, cfg.seed)
-    figures = train(head, target, data, cfg, work / "checkpoint.pt")
-    tokens = sum(int(d["ids"].shape[0]) for d in data)
+    with stage_clock(work, "training"):
+        figures = train(head, target, fit, held, cfg, work / "checkpoint.pt")
+    tokens = sum(int(d["ids"].shape[0]) for d in fit)
     card = {
         "target": target.name,
         "fingerprint": fingerprint(target.model),
         "command": command,
-        "data": f"{prompts_path.name}: {len(prompts)} prompts, {len(sequences)} sequences, {tokens} tokens",
+        "data": f"{prompts_path.name}: {len({d['prompt'] for d in fit})} prompts, {len(fit)} sequences, "
+        f"{tokens} tokens ({len(held)} sequences of other prompts held out)",
         "date": _dt.date.today().isoformat(),
         "machine": machine(),
-        "training_minutes": round((time.time() - started) / 60, 1),
+        "stage_minutes": json.loads((work / "stages.json").read_text()),
         "draft_vocab_coverage": round(coverage, 4),
         "settings": asdict(cfg),
         **figures,
@@ -374,26 +429,41 @@ def train_head(
     return card
 
 
+@contextlib.contextmanager
+def stage_clock(work: Path, stage: str) -> Iterator[None]:
+    """Adds the minutes a stage ran to `work/stages.json`, over every resumed run."""
+    started = time.time()
+    try:
+        yield
+    finally:
+        path = work / "stages.json"
+        minutes = json.loads(path.read_text()) if path.exists() else {}
+        minutes[stage] = round(minutes.get(stage, 0.0) + (time.time() - started) / 60, 1)
+        path.write_text(json.dumps(minutes))
+
+
 def head_card(card: dict) -> str:
     """The head's README: what it drafts for, how it was made, and where it is measured."""
     top1 = ", ".join(f"{a:.2f}" for a in card.get("train_top1_by_step", []))
     held = ", ".join(f"{a:.2f}" for a in card.get("heldout_top1_by_step", [])) or "none"
-    n = card["settings"]["sampled"]
-    sampled = f" and {n} sampled at temperature 0.7 per prompt" if n else ""
+    s = card["settings"]
+    sampled = f" and {s['sampled']} sampled at temperature 0.7 per prompt" if s["sampled"] else ""
+    stages = ", ".join(f"{name} {minutes} min" for name, minutes in card["stage_minutes"].items())
     return f"""# EAGLE-3 draft head for {card["target"]}, trained by SpecLens
 
 - Target: `{card["target"]}`, weights fingerprint `{card["fingerprint"]}` (a head is refused by any other weights)
-- Layout: EAGLE-3 (`fc`, `midlayer`, `norm`, `lm_head` over a {card["settings"]["draft_vocab"]}-token draft
-  vocabulary covering {card["draft_vocab_coverage"]:.1%} of the target's predictions on the training data, `d2t`, `t2d`)
-- Data: {card["data"]} (the target's own answers, greedy{sampled}: self-distillation)
-- Training: EAGLE-3 training-time test over {card["settings"]["steps"]} steps, {card["settings"]["epochs"]} epochs,
-  {card["training_minutes"]} minutes on {card["machine"]}, {card["date"]}
+- Layout: EAGLE-3 (`fc`, `midlayer`, `norm`, `lm_head` over a {s["draft_vocab"]}-token draft
+  vocabulary covering {card["draft_vocab_coverage"]:.1%} of the tokens of the target's greedy answers, `d2t`, `t2d`)
+- Data: {card["data"]}; the target's own answers of up to {s["answer_tokens"]} tokens, greedy{sampled}
+  (self-distillation)
+- Training: EAGLE-3 training-time test over {s["steps"]} steps, {card["sequences_trained"]} sequences
+  ({card["epochs"]} epochs), on {card["machine"]}, {card["date"]}; {stages}
 - Agreement with the target, by draft step (teacher-forced, on answers): {top1} on the
-  training prompts, {held} on {card["settings"]["holdout"]:.0%} of them held out (epoch {card["epoch"]} kept)
+  training sequences since the previous measurement, {held} on prompts held out
 - Command:
 
       {card["command"]}
 
 Acceptance and speed on the dev prompts (never trained on) are measured by
-`python -m decoding bench --draft head`; see `benchmarks/cpu-head-f32/summary.md`.
+`python -m decoding bench --draft head`; see docs/trained-head.md.
 """

@@ -122,6 +122,7 @@ class Round:
     # line (the accepted path, then the best child refused after it). None: a chain.
     tree: list[TreeNode] | None = None
     translation: Translation | None = None  # a draft with another tokenizer
+    source: str | None = None  # a draft of several sources (ngram+head): the one that drafted this round
 
     def __post_init__(self) -> None:
         for j, v in enumerate(self.verdicts):
@@ -408,4 +409,5 @@ def _round_from_dict(s: dict[str, Any]) -> Round:
         match=Match(**match) if match else None,
         tree=None if s.get("tree") is None else [TreeNode(**n) for n in s["tree"]],
         translation=None if s.get("translation") is None else Translation(**s["translation"]),
+        source=s.get("source"),
     )

@@ -1,0 +1,48 @@
+"""N-gram lookup where the text repeats itself, the trained head elsewhere: one draft, two sources."""
+
+from __future__ import annotations
+
+import contextlib
+
+from ..core.proposal import Draft, Proposal
+from .head import HeadDraft
+from .ngram import NGramDraft
+
+
+class HybridDraft(Draft):
+    """Each round drafts with n-gram lookup when the last `min_match` tokens or more occurred
+    before (a copy that long is usually right: summaries, quotes, code), and with the head
+    otherwise. The round's trace names which of the two drafted it (`Round.source`).
+
+    The head reads the target's features only in the rounds it drafts: the rows of the
+    rounds in between stay tapped (cut to what was kept) and are read all at once, in one
+    head step, the next time it drafts. Chains only: a tree round's kept rows are not a
+    prefix of what was tapped.
+    """
+
+    kind = "hybrid"
+
+    def __init__(self, ngram: NGramDraft, head: HeadDraft, min_match: int = 2) -> None:
+        self.ngram, self.head = ngram, head
+        self.min_match = min_match
+        self.name = f"ngram+{head.name}"
+
+    def reset(self) -> None:
+        self.ngram.reset()
+        self.head.reset()
+
+    def watching_target(self) -> contextlib.AbstractContextManager:
+        return self.head.watching_target()
+
+    def propose(self, seq, k, sampling, generator, min_confidence=None) -> Proposal:
+        matched, _ = self.ngram.suffix_matches(seq[0])
+        if matched >= self.min_match:
+            proposal = self.ngram.propose(seq, k, sampling, generator, min_confidence)
+            proposal.source = "ngram"
+        else:
+            proposal = self.head.propose(seq, k, sampling, generator, min_confidence)
+            proposal.source = "head"
+        return proposal
+
+    def rollback(self, length: int, rows: list[int] | None = None) -> None:
+        self.head.rollback(length, rows)
