@@ -333,3 +333,27 @@ def test_sweep_prints_a_table_and_writes_it(tmp_path, capsys, smol):
     assert list(table["nodes"]) == [0, 4] and table["identical_to_baseline"].all()
     assert main(["sweep", "--prompt", prompt, "--tree-sizes", "four"]) == 2
     assert "tree sizes are whole numbers" in capsys.readouterr().err
+
+
+def test_sweep_over_a_workload_names_the_best_k_per_category(tmp_path, capsys, smol):
+    prompts = tmp_path / "work.jsonl"
+    rows = [
+        {"category": "copy", "prompt": "Repeat exactly: the cat sat on the mat. the cat sat on the mat."},
+        {"category": "copy", "prompt": "Repeat exactly: one two three, one two three."},
+        {"category": "copy", "prompt": "a third copy prompt, beyond --per-category 2"},
+        {"category": "chat", "prompt": "Say hello."},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "workload.csv"
+    argv = ["sweep", "--prompts", str(prompts), "--k-from", "1", "--k-to", "2", "--max-new-tokens", "6"]
+    assert main([*argv, "--repeats", "1", "--csv-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for category in ("copy", "chat", "all"):
+        assert f"{category}: best k = " in printed or f"{category}: no clear best k" in printed
+    table = pd.read_csv(out)
+    assert list(table["category"]) == ["chat", "chat", "copy", "copy", "all", "all"]
+    assert list(table["prompts"]) == [1, 1, 2, 2, 3, 3] and table["identical_to_baseline"].all()
+    assert main([*argv, "--categories", "code"]) == 2
+    assert "holds no prompts of the categories ['code']" in capsys.readouterr().err
+    assert main([*argv, "--tree-sizes", "0,4"]) == 2
+    assert "sweep --tree-sizes on one --prompt" in capsys.readouterr().err

@@ -9,6 +9,8 @@ from conftest import tiny_model_folder
 
 from decoding.api import RunConfig
 from decoding.tools.sweep import best_setting, sweep, tree_sweep, with_best
+from decoding.tools.workload import group_figures, workload_sweep
+from decoding.trace import RunMeta, Totals, Trace
 
 
 def table(rows: list[tuple[int, float, float, float]]) -> pd.DataFrame:
@@ -59,3 +61,38 @@ def test_a_speedup_never_exceeds_what_its_tokens_per_round_allow(smol):
     for row in result.itertuples():
         assert row.speedup <= row.tokens_per_round + (row.speedup_high - row.speedup_low), row
     assert result.loc[result["k"] == 1, "tokens_per_round"].item() <= 2.0
+
+
+def test_a_workload_sweep_takes_turns_and_sums_each_category(tiny_config, tmp_path):
+    prompts = [
+        {"category": "copy", "prompt": "a b c a b c a b c"},
+        {"category": "copy", "prompt": "x y x y x y"},
+        {"category": "chat", "prompt": "hello there"},
+    ]
+    table, order = workload_sweep(tiny_config, prompts, [2, 1], repeats=2)
+    # Every prompt at every k, in turn, once per repeat; each run after a plain run of its own.
+    assert order == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 1), (2, 2)] * 2
+    assert list(zip(table["category"], table["k"])) == [
+        ("chat", 1), ("chat", 2), ("copy", 1), ("copy", 2), ("all", 1), ("all", 2),
+    ]  # fmt: skip
+    assert list(table["prompts"]) == [1, 1, 2, 2, 3, 3] and (table["repeats"] == 2).all()
+    assert (table["speedup_low"] <= table["speedup"]).all() and (
+        table["speedup"] <= table["speedup_high"]
+    ).all()
+    assert table["identical_to_baseline"].all()
+    for category, part in table.groupby("category"):
+        assert part["best"].sum() <= 1, category
+
+
+def test_a_workload_speedup_is_the_whole_category_finishing_sooner():
+    """Plain 3 s + 1 s against speculative 1 s + 1 s: the category finishes ×2 sooner, though
+    its prompts' own speedups are ×3 and ×1."""
+
+    def run(new_tokens: int, wall_s: float, plain_s: float) -> Trace:
+        totals = Totals(new_tokens=new_tokens, rounds=1, proposed=2, accepted=1, wall_s=wall_s,
+                        baseline_tokens_per_s=new_tokens / plain_s, identical_to_baseline=True)  # fmt: skip
+        return Trace(meta=RunMeta(prompt="p"), totals=totals)
+
+    figures = group_figures([[run(30, 1.0, 3.0)], [run(10, 1.0, 1.0)]])
+    assert figures["speedup"] == pytest.approx(2.0) and figures["tokens_per_round"] == 20
+    assert figures["acceptance_rate"] == 0.5 and figures["repeats"] == 1

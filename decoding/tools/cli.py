@@ -26,6 +26,7 @@ from .server_bench import run_server_bench
 from .sweep import parse_sizes, sweep, tree_sweep
 from .train_head import TrainConfig, train_head
 from .training_data import magpie_prompts, sharegpt_prompts, write_training_prompts
+from .workload import best_ks, workload_sweep
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep",
         help="one prompt at each k from --k-from to --k-to (or each tree size), against plain decoding",
     )
-    add_run_flags(w, leave_out=("k", "tree_nodes", "policy", "confidence", "baseline"))
+    # Not required: --prompts sweeps a workload instead.
+    add_run_flags(w, leave_out=("k", "tree_nodes", "policy", "confidence", "baseline"), prompt_required=False)
     w.add_argument("--k-from", type=int, default=1, help=f"smallest k ({K_MIN}-{K_MAX})")
     w.add_argument("--k-to", type=int, default=6, help=f"largest k ({K_MIN}-{K_MAX})")
     w.add_argument(
@@ -66,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--repeats", type=int, default=3, help="runs of each setting, each after a plain run of its own"
     )
+    w.add_argument(
+        "--prompts",
+        type=Path,
+        help="a workload instead of one prompt: a JSONL of prompts (with optional categories), "
+        "every prompt at every k; the best k per category and overall",
+    )
+    w.add_argument(
+        "--per-category", type=int, default=2, help="with --prompts: the first N of each category (0: all)"
+    )
+    w.add_argument("--categories", help="with --prompts: only these categories (comma-separated)")
 
     _add_compare_command(sub)
     _add_tool_commands(sub)
@@ -193,7 +205,9 @@ def _add_training_prompts_command(sub) -> None:
     )
 
 
-def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
+def add_run_flags(
+    parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = (), prompt_required: bool = True
+) -> None:
     """One flag per `RunConfig` field (its sampling's fields included), help texts and all:
     generate, bench and sweep take the same settings the same way."""
 
@@ -212,7 +226,7 @@ def add_run_flags(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = 
         if "choices" in f.metadata:
             kind["choices"] = f.metadata["choices"]
         if f.name == "prompt":
-            kind |= {"required": True, "default": None}
+            kind |= {"required": prompt_required, "default": None}
         parser.add_argument(flag, dest=f.name, help=f.metadata["help"], **kind)
 
 
@@ -294,6 +308,10 @@ def _sweep(args: argparse.Namespace) -> int:
         if done < total:
             print(f"{name} = {values[done % len(values)]} (run {done + 1} of {total})…", file=sys.stderr)
 
+    if args.prompts:
+        return _workload_sweep(args, values)
+    if args.prompt is None:
+        raise SpecLensError("sweep needs a --prompt, or a --prompts file of them")
     if args.tree_sizes:
         _, table = tree_sweep(run_config(args, k=args.depth), values, report, repeats=args.repeats)
     else:
@@ -301,6 +319,31 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
     _print_table(table, name, column, args.repeats)
+    return 0
+
+
+def _workload_sweep(args: argparse.Namespace, ks: list[int]) -> int:
+    if args.tree_sizes:
+        raise SpecLensError("--prompts sweeps k over a workload; sweep --tree-sizes on one --prompt")
+    rows = read_prompts(args.prompts, args.per_category, need_category=False)
+    if args.categories:
+        wanted = {c.strip() for c in args.categories.split(",") if c.strip()}
+        rows = [r for r in rows if r["category"] in wanted]
+        if not rows:
+            raise SpecLensError(f"'{args.prompts}' holds no prompts of the categories {sorted(wanted)}")
+    cells = len(rows) * len(ks)
+
+    def report(done: int, total: int) -> None:
+        if done < total:
+            p, k = divmod(done % cells, len(ks))
+            print(f"prompt {p + 1} of {len(rows)}, k = {ks[k]} (run {done + 1} of {total})…", file=sys.stderr)
+
+    table, _ = workload_sweep(run_config(args, prompt=""), rows, ks, report, repeats=args.repeats)
+    if args.csv_out:
+        table.to_csv(args.csv_out, index=False)
+    print(table.round(3).to_string(index=False))
+    for category, k in best_ks(table).items():
+        print(f"{category}: " + (f"best k = {k}" if k else f"no clear best k over {args.repeats} repeats"))
     return 0
 
 

@@ -66,12 +66,18 @@ def sweep(
     stopped before any did, it raises RunStopped. The traces are each k's
     median run.
     """
-    ks = sorted(set(ks))
-    if not ks or ks[0] < K_MIN or ks[-1] > K_MAX:
-        raise SpecLensError(f"sweep k values must lie in {K_MIN}..{K_MAX}, got {list(ks)}")
+    ks = check_ks(ks)
     runs = [dataclasses.replace(config, k=k, policy="fixed", baseline=False) for k in ks]
     measured = interleaved(runs, repeats, progress, should_stop)
     return [median_run(ts) for ts in measured], with_best(sweep_table(measured), "k")
+
+
+def check_ks(ks: Sequence[int]) -> list[int]:
+    """The k values sorted, once each; one clear line when one lies outside what a policy takes."""
+    ks = sorted(set(ks))
+    if not ks or ks[0] < K_MIN or ks[-1] > K_MAX:
+        raise SpecLensError(f"sweep k values must lie in {K_MIN}..{K_MAX}, got {list(ks)}")
+    return ks
 
 
 def tree_sweep(
