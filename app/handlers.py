@@ -31,7 +31,9 @@ from decoding.models.paths import check_allowed
 from decoding.settings.sampling import Sampling
 from decoding.tools import metrics
 from decoding.tools.probe import probe
+from decoding.tools.prompts import read_prompts
 from decoding.tools.sweep import parse_sizes, sweep, tree_sweep
+from decoding.tools.workload import best_ks, workload_sweep
 from decoding.trace import Round, Trace, agreement, token_frame, validate
 from visualize.cards import stats_html
 from visualize.charts import (
@@ -44,6 +46,8 @@ from visualize.charts import (
     tree_size_curve,
     tree_theory_figure,
     tree_verify_cost,
+    workload_curve,
+    workload_tokens_per_round,
 )
 from visualize.explain import explain_round_markdown
 from visualize.race import race_html
@@ -259,12 +263,19 @@ SETTINGS = (
     *("confidence", "temperature", "top_k", "top_p", "seed", "max_new_tokens"),
 )
 EXPLORE_INPUTS = ("prompt", *SETTINGS, "compare")
-SWEEP_INPUTS = ("prompt", *SETTINGS, "sweep_over", "k_from", "k_to", "tree_sizes", "repeats")
+SWEEP_INPUTS = (
+    *("prompt", *SETTINGS, "sweep_over", "k_from", "k_to", "tree_sizes", "repeats"),
+    *("workload", "workload_file"),
+)
 EXPLORE_OUTPUTS = (
     *("timeline", "text", "cards", "charts", "trace_json", "trace_csv"),
     *("trace_state", "round_slider", "sentence", "tree"),
 )
-SWEEP_OVER = ("draft length k", "tree size N (depth k)")
+SWEEP_OVER = ("draft length k", "tree size N (depth k)", "k over a workload")
+DEV_PROMPTS = ASSETS / "prompts" / "specbench_dev.jsonl"
+WORKLOAD_PER_CATEGORY = 2  # of the dev file, as the benchmarks take them
+MAX_WORKLOAD_PROMPTS = 24  # of an uploaded file: a sweep runs each of them at every k, repeats times
+EVERY_CATEGORY = "Spec-Bench dev: every category"
 CHARTS = 4  # what trace_figures draws
 
 
@@ -380,28 +391,54 @@ def explain_round(trace_dict: dict | None, round_no: float):
 def check_sweep(settings: dict) -> None:
     """Refuse bad sweep settings before the sweep starts (see `check_explore`)."""
     with user_errors():
-        config, values, _ = sweep_plan(settings)
+        config, values, mode = sweep_plan(settings)
+        if mode == "workload":
+            workload_prompts(settings["workload"], settings["workload_file"])
         prepare(config)
 
 
-def sweep_plan(settings: Mapping[str, Any]) -> tuple[RunConfig, list[int], bool]:
-    """The first run's settings, the values swept, and whether they are tree sizes."""
+def sweep_plan(settings: Mapping[str, Any]) -> tuple[RunConfig, list[int], str]:
+    """The first run's settings, the values swept, and what over: "k", "trees" or "workload"."""
     lo, hi = sorted((int(settings["k_from"]), int(settings["k_to"])))
-    over_trees = settings["sweep_over"] == SWEEP_OVER[1]
+    mode = {SWEEP_OVER[1]: "trees", SWEEP_OVER[2]: "workload"}.get(settings["sweep_over"], "k")
     # Over trees: each size at the sidebar's k, from the chain up; over k: from lo up.
-    fixed = {"policy": "fixed", **({"tree_nodes": 0} if over_trees else {"k": lo})}
-    values = parse_sizes(settings["tree_sizes"]) if over_trees else list(range(lo, hi + 1))
-    return make_config(settings | fixed), values, over_trees
+    fixed = {"policy": "fixed", **({"tree_nodes": 0} if mode == "trees" else {"k": lo})}
+    values = parse_sizes(settings["tree_sizes"]) if mode == "trees" else list(range(lo, hi + 1))
+    if mode == "workload":  # each run names its own prompt; the box's may be empty
+        fixed["prompt"] = "-"
+    return make_config(settings | fixed), values, mode
+
+
+def workload_choices() -> list[str]:
+    categories = dict.fromkeys(row["category"] for row in read_prompts(DEV_PROMPTS, WORKLOAD_PER_CATEGORY))
+    return [EVERY_CATEGORY, *(f"Spec-Bench dev: {c}" for c in categories)]
+
+
+def workload_prompts(choice: str, upload: str | None) -> list[dict]:
+    """An uploaded JSONL's first prompts, else the dev file's first two of the chosen category (or of each)."""
+    if upload:
+        rows = read_prompts(Path(upload), need_category=False)
+        if len(rows) > MAX_WORKLOAD_PROMPTS:
+            raise SpecLensError(
+                f"the file holds {len(rows)} prompts; a sweep here takes at most {MAX_WORKLOAD_PROMPTS} "
+                "(run `python -m decoding sweep --prompts FILE` for more)"
+            )
+        return rows
+    rows = read_prompts(DEV_PROMPTS, WORKLOAD_PER_CATEGORY)
+    wanted = (choice or EVERY_CATEGORY).removeprefix("Spec-Bench dev: ")
+    return rows if choice in (None, "", EVERY_CATEGORY) else [r for r in rows if r["category"] == wanted]
 
 
 @gpu
 @by_name(SWEEP_INPUTS)
 def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr.Request = None):
     """Measured speedup for each k in [k_from, k_to], beside the cost model's predictions;
-    or, sweeping tree sizes, for each N at the sidebar's k."""
+    sweeping tree sizes, for each N at the sidebar's k; over a workload, per category."""
     with user_errors(), session_budget(request) as budget:
-        config, values, over_trees = sweep_plan(settings)
-        name = "N" if over_trees else "k"
+        config, values, mode = sweep_plan(settings)
+        if mode == "workload":
+            return _workload_sweep(settings, config, values, progress, budget)
+        name = "N" if mode == "trees" else "k"
 
         def report(done: int, total: int) -> None:
             progress(
@@ -411,19 +448,63 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
                 else "done",
             )
 
-        if over_trees:
+        if mode == "trees":
             traces, table = tree_sweep(config, values, report, budget, int(settings["repeats"]))
             figures = tree_size_curve(table), tree_verify_cost(table)
         else:
             traces, table = sweep(config, values, report, budget, int(settings["repeats"]))
             figures = speedup_curve(table), acceptance_vs_k(table)
-        summary = sweep_summary(table, traces, "nodes" if over_trees else "k")
+        summary = sweep_summary(table, traces, "nodes" if mode == "trees" else "k")
         if len(traces) < len(values):
-            finished = ", ".join(str(t.meta.tree_nodes if over_trees else t.meta.policy.k) for t in traces)
+            finished = ", ".join(
+                str(t.meta.tree_nodes if mode == "trees" else t.meta.policy.k) for t in traces
+            )
             summary += f" **{budget() or 'Stopped'}**: only {name} = {finished} finished every repeat."
-        csv_path = download_folder() / "speclens-sweep.csv"
-        table.to_csv(csv_path, index=False)
-        return *figures, table.round(3), str(csv_path), summary
+        return *figures, table.round(3), _csv(table), summary
+
+
+def _workload_sweep(
+    settings: dict, config: RunConfig, ks: list[int], progress: gr.Progress, budget: RunBudget
+):
+    rows = workload_prompts(settings["workload"], settings["workload_file"])
+    repeats = int(settings["repeats"])
+
+    def report(done: int, total: int) -> None:
+        p, k = divmod(done % (len(rows) * len(ks)), len(ks))
+        text = f"prompt {p + 1} of {len(rows)}, k = {ks[k]} (run {done + 1} of {total})"
+        progress(done / total, desc=text if done < total else "done")
+
+    table, _ = workload_sweep(config, rows, ks, report, budget, repeats)
+    summary = workload_summary(table, len(rows), len(ks), repeats, config.sampling.greedy)
+    if budget():
+        summary += f" **{budget()}**: the table holds the prompts and k that finished every repeat."
+    return workload_curve(table), workload_tokens_per_round(table), table.round(3), _csv(table), summary
+
+
+def _csv(table) -> str:
+    path = download_folder() / "speclens-sweep.csv"
+    table.to_csv(path, index=False)
+    return str(path)
+
+
+def workload_summary(table, prompts: int, ks: int, repeats: int, greedy: bool) -> str:
+    """Each category's best k, or that none is clear, and whether every output matched plain decoding."""
+    parts = []
+    for category, k in best_ks(table).items():
+        part = table[table["category"] == category]
+        top = part.loc[part["speedup"].idxmax()]
+        figure = f"×{top['speedup']:.2f} at k = {int(top['k'])}"
+        parts.append(
+            f"**{category}**: " + (f"best k = {k} ({figure})" if k else f"no clear best k (top {figure})")
+        )
+    if not greedy:
+        same = "sampled, so outputs match plain decoding in distribution, not token for token"
+    elif table["identical_to_baseline"].all():
+        same = "all identical to plain decoding ✓"
+    else:
+        same = "outputs differ from plain decoding ✗"
+    once = " (one repeat: no spread to tell a best k from noise)" if repeats == 1 else ""
+    return f"{prompts} prompts × {ks} k × {repeats} repeats{once}. " + "; ".join(parts) + f"; {same}."
 
 
 def sweep_summary(table, traces: list[Trace], column: str) -> str:
@@ -433,10 +514,12 @@ def sweep_summary(table, traces: list[Trace], column: str) -> str:
     best = table[table["best"]]
     if best.empty:
         top = table.loc[table["speedup"].idxmax()]
-        head = (
-            f"**No clear best {name}**: the highest median, ×{top['speedup']:.2f} at {name} = {int(top[column])}, "
-            f"lies within another setting's spread over {repeats} repeats"
+        why = (
+            "was measured once: one repeat has no spread to tell a best from noise"
+            if repeats == 1
+            else f"lies within another setting's spread over {repeats} repeats"
         )
+        head = f"**No clear best {name}**: the highest, ×{top['speedup']:.2f} at {name} = {int(top[column])}, {why}"
     else:
         row = best.iloc[0]
         head = (

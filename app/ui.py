@@ -219,9 +219,11 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
 
 
 def sweep_tab(settings: dict) -> None:
-    """One prompt for every k in a range, or for every tree size at the sidebar's k."""
+    """One prompt for every k in a range, or for every tree size at the sidebar's k, or every
+    prompt of a workload for every k."""
     gr.Markdown(
-        "Runs one prompt for every k in the range, or for every tree size at the sidebar's k, "
+        "Runs one prompt for every k in the range, or for every tree size at the sidebar's k, or every "
+        "prompt of a workload for every k (per category: how much sooner its prompts all finish), "
         "with the models and sampling set on the left. Each setting runs *Repeats* times, each time "
         "right after a plain run of its own, the settings taking turns: the chart shows the median "
         "and, as bars, the lowest and highest."
@@ -240,6 +242,19 @@ def sweep_tab(settings: dict) -> None:
             value="0, 4, 8, 16", label="Tree sizes N (0 = the chain)", elem_id="tree-sizes"
         )
         inputs["repeats"] = gr.Slider(1, MAX_REPEATS, value=3, step=1, label="Repeats", elem_id="repeats")
+    with gr.Row():
+        inputs["workload"] = gr.Dropdown(
+            h.workload_choices(),
+            value=h.EVERY_CATEGORY,
+            label="Workload (k over a workload)",
+            elem_id="workload",
+        )
+        inputs["workload_file"] = gr.File(
+            label=f"…or your own JSONL of prompts (optional 'category'; up to {h.MAX_WORKLOAD_PROMPTS})",
+            file_types=[".jsonl"],
+            elem_id="workload-file",
+        )
+    with gr.Row():
         button = gr.Button("Sweep", variant="primary", elem_id="sweep")
         stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
     summary = gr.Markdown(elem_id="sweep-summary")

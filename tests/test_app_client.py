@@ -53,6 +53,8 @@ def sweep_args(prompt=PROMPT, **over):
         "k_to": 3,
         "tree_sizes": "0, 4",
         "repeats": 2,
+        "workload": "Spec-Bench dev: every category",
+        "workload_file": None,
         **args,
     }
 
@@ -247,6 +249,28 @@ def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
     assert Path(csv_path).read_text().startswith("nodes,tokens_per_round")
     with pytest.raises(Exception, match="tree sizes are whole numbers"):
         client.predict(**sweep_args(sweep_over="tree size N (depth k)", tree_sizes="four"), api_name="/sweep")
+
+
+def test_the_sweep_sweeps_k_over_a_workload_per_category(client, tmp_path):
+    over = dict(sweep_over="k over a workload", k_from=1, k_to=2, repeats=1, max_new_tokens=6)
+    speedup, tokens, table, csv_path, summary = client.predict(
+        **sweep_args(workload="Spec-Bench dev: translation", **over), api_name="/sweep"
+    )
+    assert [(row[0], row[1], row[2]) for row in table["data"]] == [
+        ("translation", 1, 2), ("translation", 2, 2), ("all", 1, 2), ("all", 2, 2),
+    ]  # fmt: skip
+    assert "2 prompts × 2 k × 1 repeats" in summary and "**translation**:" in summary
+    assert {d.get("name") for d in figure_json(speedup)["data"]} >= {"translation", "all"}
+    assert Path(csv_path).read_text().startswith("category,k,prompts")
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"prompt": "Say hi.", "category": "greetings"}\n{"prompt": "Count to three."}\n')
+    *_, table, _, summary = client.predict(
+        **sweep_args(workload_file=handle_file(str(mine)), **over), api_name="/sweep"
+    )
+    assert {row[0] for row in table["data"]} == {"greetings", "all"} and "3 k" not in summary
+    mine.write_text('{"prompt": "Say hi."}\nnot json\n')
+    with pytest.raises(Exception, match="mine.jsonl:2"):
+        client.predict(**sweep_args(workload_file=handle_file(str(mine)), **over), api_name="/sweep")
 
 
 def test_theory_and_simulate(client):

@@ -122,6 +122,25 @@ def test_sweep_three_points(page):
     page.screenshot(path=ARTIFACTS / "sweep.png", full_page=True)
 
 
+def test_sweep_k_over_a_workload(page):
+    page.get_by_role("tab", name="Sweep").click()
+    page.get_by_role("radio", name="k over a workload").check()
+    page.locator("#workload input").click()
+    page.get_by_role("option", name="Spec-Bench dev: translation").click()
+    set_number(page, "k-to", 2)
+    set_number(page, "repeats", 1)
+    page.click("#sweep")
+    page.wait_for_function(
+        "document.querySelector('#sweep-summary').innerText.includes('translation')", timeout=LONG
+    )
+    summary = page.locator("#sweep-summary").inner_text()
+    assert "2 prompts × 2 k × 1 repeats" in summary and "all:" in summary
+    page.wait_for_selector("#speedup-plot .js-plotly-plot .main-svg", timeout=30_000)
+    legend = page.locator("#speedup-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
+    assert legend[:2] == ["translation", "all"]
+    page.screenshot(path=ARTIFACTS / "sweep-workload.png", full_page=True)
+
+
 def test_replay_example_and_step_through(page):
     page.get_by_role("tab", name="Replay").click()
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]

@@ -25,6 +25,8 @@ def test_the_best_is_starred_only_beyond_the_spread():
     assert best_setting(overlapping, "k") is None
     assert not with_best(overlapping, "k")["best"].any()
     assert best_setting(table([(4, 0.9, 0.8, 1.0)]), "k") == 4  # one setting: nothing to beat
+    once = table([(1, 1.10, 1.10, 1.10), (2, 1.40, 1.40, 1.40)]).assign(repeats=1)
+    assert best_setting(once, "k") is None  # measured once: no spread to judge by
 
 
 @pytest.fixture(scope="module")

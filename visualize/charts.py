@@ -201,6 +201,32 @@ def speedup_curve(table: pd.DataFrame) -> go.Figure:
     )
 
 
+def workload_curve(table: pd.DataFrame) -> go.Figure:
+    """Median speedup of each category's whole workload against k, one line per category ("all"
+    bold), bars from the lowest to the highest repeat; each category's clear best k starred."""
+    fig = go.Figure()
+    for category, part in table.groupby("category", sort=False):
+        line = _measured(part, "k", str(category))
+        if category == "all":
+            line.line = {"width": 4, "color": COLORS["plain"]}
+        fig.add_trace(line)
+        best = part[part["best"]]
+        if not best.empty:
+            fig.add_scatter(x=best["k"], y=best["speedup"], mode="markers", showlegend=False,
+                            marker={"size": 14, "symbol": "star", "color": COLORS["correction"]},
+                            hovertext=f"best k for {category}")  # fmt: skip
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    return _layout(fig, "Speedup per category against draft length (★ clear best)", "k (draft length)",
+                   "speedup (×)", whole_x=True)  # fmt: skip
+
+
+def workload_tokens_per_round(table: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    for category, part in table.groupby("category", sort=False):
+        fig.add_scatter(x=part["k"], y=part["tokens_per_round"], mode="lines+markers", name=str(category))
+    return _layout(fig, "Tokens per round per category", "k (draft length)", "tokens per round", whole_x=True)
+
+
 def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     fig.add_scatter(x=table["k"], y=table["acceptance_rate"], mode="lines+markers", name="acceptance rate")

@@ -343,7 +343,12 @@ def _workload_sweep(args: argparse.Namespace, ks: list[int]) -> int:
         table.to_csv(args.csv_out, index=False)
     print(table.round(3).to_string(index=False))
     for category, k in best_ks(table).items():
-        print(f"{category}: " + (f"best k = {k}" if k else f"no clear best k over {args.repeats} repeats"))
+        why = (
+            "one repeat: no spread"
+            if args.repeats == 1
+            else f"the spreads overlap over {args.repeats} repeats"
+        )
+        print(f"{category}: " + (f"best k = {k}" if k else f"no clear best k ({why})"))
     return 0
 
 
@@ -368,7 +373,12 @@ def _print_table(table, name: str, column: str, repeats: int) -> None:
     print(table.round(3).to_string(index=False))
     best = table[table["best"]]
     if best.empty:
-        print(f"no clear best {name}: the top settings' speedups overlap over {repeats} repeats")
+        why = (
+            "one repeat: no spread"
+            if repeats == 1
+            else f"the top settings' speedups overlap over {repeats} repeats"
+        )
+        print(f"no clear best {name}: {why}")
         return
     row = best.iloc[0]
     value = row[column] if column == "draft" else int(row[column])

@@ -159,8 +159,9 @@ def with_best(table: pd.DataFrame, column: str) -> pd.DataFrame:
 
 def best_setting(table: pd.DataFrame, column: str) -> int | None:
     """The setting with the highest median speedup, where its lowest repeat beats every other
-    setting's highest; None when two settings' spreads overlap at the top (no clear best)."""
-    if table.empty:
+    setting's highest; None when two settings' spreads overlap at the top (no clear best), and
+    when each setting ran once (no spread to tell a best from noise)."""
+    if table.empty or ("repeats" in table and len(table) > 1 and table["repeats"].max() < 2):
         return None
     ranked = table.sort_values("speedup", ascending=False)
     best = ranked.iloc[0]
