@@ -120,7 +120,7 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
         h.draft_controls, s["draft_source"], [s["n_layers"], s["draft_model"]], api_visibility="private"
     )
     s["policy"].change(
-        lambda p: gr.update(visible=p == "confidence"), s["policy"], s["confidence"], api_visibility="private"
+        lambda p: gr.update(visible=p in ("confidence", "entropy")), s["policy"], s["confidence"], api_visibility="private"
     )
     s["tree_nodes"].change(
         lambda n: gr.update(visible=n > 0), s["tree_nodes"], s["branch"], api_visibility="private"
@@ -170,7 +170,7 @@ def _setting_controls() -> dict[str, gr.components.Component]:
             visible=False,
         ),
         "policy": gr.Radio(list(POLICIES), value="fixed", label="Draft-length policy"),
-        "confidence": gr.Slider(0.05, 0.95, value=0.4, step=0.05, label="Confidence cut-off", visible=False),
+        "confidence": gr.Slider(0.05, 0.95, value=0.4, step=0.05, label="Stop below predicted acceptance", visible=False),
         "temperature": gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)"),
         "top_k": gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)"),
         "top_p": gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p"),

@@ -45,7 +45,11 @@ class RunConfig:
     )
     branch: int = _opt(2, f"a tree's candidates per expansion, and nodes expanded per level (1-{MAX_BRANCH})")
     policy: str = _opt("fixed", "how k changes from round to round", choices=POLICIES)
-    confidence: float = _opt(0.4, "the confidence policy stops drafting below this probability")
+    confidence: float = _opt(
+        0.4,
+        "the confidence and entropy policies stop drafting where the draft's predicted acceptance "
+        "(its top probability; AdaEDL's entropy bound 1 - sqrt(H)) falls below this",
+    )
     sampling: Sampling = field(default_factory=Sampling)
     max_new_tokens: int = _opt(128, f"tokens to generate (1-{MAX_NEW_TOKENS})")
     prompt: str = _opt("", "the text the model continues")

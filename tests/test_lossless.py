@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import first_of
@@ -12,7 +14,8 @@ from decoding.core.speculative import speculative_generate
 from decoding.core.tree import TreeShape
 from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
 from decoding.models.text import eos_ids
-from decoding.settings.policies import make_policy
+from decoding.settings.policies import StopRule, make_policy
+from decoding.settings.sampling import Sampling
 from decoding.trace import validate
 
 TINY_PROMPTS = [[1, 5, 9, 3, 7, 5, 9], [2, 2, 2, 8, 2, 2], [42]]
@@ -39,7 +42,7 @@ def test_tiny_every_draft_every_k(tiny_target, tiny_draft, prompt):
             validate(trace)
 
 
-@pytest.mark.parametrize("policy", ["heuristic", "confidence"])
+@pytest.mark.parametrize("policy", ["heuristic", "confidence", "entropy"])
 def test_tiny_adaptive_policies(tiny_target, tiny_draft, policy):
     ids = torch.tensor([TINY_PROMPTS[0]])
     expected = autoregressive_generate(tiny_target, ids, max_new_tokens=60).token_ids
@@ -47,6 +50,43 @@ def test_tiny_adaptive_policies(tiny_target, tiny_draft, policy):
         trace = speculative_generate(tiny_target, ids, draft, make_policy(policy, 5, 0.3), max_new_tokens=60)
         assert trace.output.token_ids == expected
         validate(trace)
+
+
+def test_the_entropy_rule_on_hand_made_distributions():
+    """AdaEDL's bound 1 − √H: a sure draft goes on, an unsure one stops, and two equal
+    favourites stop it where the top probability alone (0.5) would not."""
+    rule = StopRule("entropy", 0.3)
+    sure = torch.tensor([0.98, 0.01, 0.01])  # H = 0.112 nats: bound 0.665
+    assert rule.predicted_acceptance(sure) == pytest.approx(1 - math.sqrt(0.1120), abs=1e-3)
+    assert not rule.stops(sure)
+    assert rule.stops(torch.full((10,), 0.1))  # H = ln 10: bound below 0
+    torn = torch.tensor([0.5, 0.5, 0.0])  # H = ln 2 = 0.693: bound 0.167
+    assert rule.stops(torn) and not StopRule("confidence", 0.3).stops(torn)
+    assert rule.predicted_acceptance(torch.tensor([1.0, 0.0])) == 1.0
+
+
+def test_a_stopping_policy_shortens_rounds_where_the_draft_is_unsure(tiny_target):
+    """The tiny model drafting for itself: each round stops right after its first position whose
+    predicted acceptance falls below the threshold, and never drafts past k."""
+    ids = torch.tensor([TINY_PROMPTS[0]])
+    draft = ModelDraft(tiny_target, 64, "self")
+    for name in ("confidence", "entropy"):
+        policy = make_policy(name, 8, 0.5)
+        trace = speculative_generate(tiny_target, ids, draft, policy, max_new_tokens=60)
+        ks = [r.k for r in trace.rounds if r.k]
+        assert max(ks) <= 8 and min(ks) < 8, (name, ks)  # some rounds stopped early
+
+
+def test_ngram_draft_length_follows_the_matchs_support():
+    """After "1 2 3" the text went on with 9 once and 8 once: an even vote, so a stopping policy
+    proposes one token there; after "5 6" every occurrence went on "7 0 0": all of it."""
+    seq = torch.tensor([[1, 2, 3, 9, 4, 1, 2, 3, 8, 5, 6, 7, 0, 0, 5, 6, 7, 0, 0, 1, 2, 3]])
+    draft, args = NGramDraft(), (Sampling(), torch.Generator())
+    assert draft.propose(seq, 4, *args).tokens.tolist() == [9, 4, 1, 2]  # no policy: the first copy
+    for rule in (StopRule("entropy", 0.3), StopRule("confidence", 0.6)):
+        assert draft.propose(seq, 4, *args, rule).tokens.tolist() == [9]
+    agreed = torch.tensor([[5, 6, 7, 0, 0, 3, 5, 6, 7, 0, 0, 4, 5, 6]])
+    assert draft.propose(agreed, 3, *args, StopRule("entropy", 0.3)).tokens.tolist() == [7, 0, 0]
 
 
 def test_heuristic_changes_k(tiny_target):

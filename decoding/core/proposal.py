@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SpecLensError
+from ..settings.policies import StopRule
 from ..settings.sampling import Sampling
 from ..trace import Match, Translation
 from .tree import TokenTree, TreeShape
@@ -82,9 +83,9 @@ class Draft(ABC):
         k: int,
         sampling: Sampling,
         generator: torch.Generator,
-        min_confidence: float | None = None,
+        stop: StopRule | None = None,
     ) -> Proposal:
-        """Up to k tokens to follow `seq`; stop early below `min_confidence`."""
+        """Up to k tokens to follow `seq`; stop early below `stop`."""
 
     def rollback(self, length: int, rows: list[int] | None = None) -> None:
         """Only the first `length` tokens of what was seen are still valid. After a tree

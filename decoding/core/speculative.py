@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..runtime.forward import crop, forward
-from ..settings.policies import Policy
+from ..settings.policies import Policy, StopRule
 from ..settings.sampling import Sampling
 from ..trace import RunMeta, Totals, Trace
 from .plain import Clock, StopCheck, prefill
@@ -41,13 +41,13 @@ class Decoder:
 
 
 def speculative_round(
-    dec: Decoder, cache, seq: torch.Tensor, k: int, min_confidence: float | None = None
+    dec: Decoder, cache, seq: torch.Tensor, k: int, stop: StopRule | None = None
 ) -> RoundResult:
     """Draft up to k tokens after `seq`, check them all in one target pass, keep the agreed prefix
     and the target's own next token. Afterwards the target's cache and the draft's hold exactly
     `seq` plus the accepted drafts."""
     t0 = dec.clock()
-    proposal = dec.draft.propose(seq, k, dec.sampling, dec.generator, min_confidence) if k > 0 else None
+    proposal = dec.draft.propose(seq, k, dec.sampling, dec.generator, stop) if k > 0 else None
     proposal = _cut_after_eos(proposal or empty_proposal(seq.device), dec.eos)
     t1 = dec.clock()
     candidates = torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
@@ -162,7 +162,7 @@ def iter_rounds(
         # Leave room for the token the target adds, so a round never overshoots.
         k = min(policy.next_k(), max_new_tokens - produced - 1)
         if tree is None:
-            r = speculative_round(dec, cache, seq, k, policy.min_confidence)
+            r = speculative_round(dec, cache, seq, k, policy.stop)
         else:
             r = tree_round(dec, cache, seq, k)
         policy.update(r.verdict.n_accepted, len(r.proposal))

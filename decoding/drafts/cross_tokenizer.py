@@ -22,6 +22,7 @@ from ..core.proposal import Draft, Proposal, fit_vocab
 from ..core.verify import warp
 from ..models.loading import LoadedModel
 from ..runtime.forward import crop, forward, new_cache
+from ..settings.policies import StopRule
 from ..settings.sampling import Sampling
 from ..trace import Translation
 
@@ -104,12 +105,12 @@ class CrossTokenizerDraft(Draft):
 
     # -- drafting --------------------------------------------------------------------
 
-    def propose(self, seq, k, sampling, generator, min_confidence=None):
+    def propose(self, seq, k, sampling, generator, stop=None):
         context = self.context(seq)
         fresh = self._roll_back_to(context)
         if sampling.greedy:
-            return self._propose_text(context, fresh, k, min_confidence)
-        return self._propose_vocab(context, fresh, k, sampling, generator, min_confidence)
+            return self._propose_text(context, fresh, k, stop)
+        return self._propose_vocab(context, fresh, k, sampling, generator, stop)
 
     def _roll_back_to(self, context: list[int]) -> list[int]:
         """Keep the cache's longest prefix that `context` still begins with; the rest of
@@ -128,16 +129,14 @@ class CrossTokenizerDraft(Draft):
         self.seen += fresh
         return logits.float()
 
-    def _propose_text(
-        self, context: list[int], fresh: list[int], k: int, min_confidence: float | None
-    ) -> Proposal:
+    def _propose_text(self, context: list[int], fresh: list[int], k: int, stop: StopRule | None) -> Proposal:
         drafted, probs = [], []
         for _ in range(k + EXTRA_DRAFT_TOKENS):
             p = self._step(fresh).softmax(-1)
             token = int(p.argmax())
             drafted.append(token)
             probs.append(float(p[token]))
-            if token in self.eos or (min_confidence is not None and probs[-1] < min_confidence):
+            if token in self.eos or (stop is not None and stop.stops(p)):
                 break
             # k target tokens are enough, even when the k-th is a word's first piece: another
             # draft step to finish the word would cost most of a target step on a CPU.
@@ -162,7 +161,7 @@ class CrossTokenizerDraft(Draft):
         k: int,
         sampling: Sampling,
         generator: torch.Generator,
-        min_confidence: float | None,
+        stop: StopRule | None,
     ) -> Proposal:
         table = shared_vocabulary(self.tok, self.target_tok, self.width).to(self.device)
         allowed = table >= 0
@@ -176,7 +175,7 @@ class CrossTokenizerDraft(Draft):
             qs.append(dist[table[x]])
             dists.append(dist)
             drafted.append(int(x))
-            if drafted[-1] in self.eos or (min_confidence is not None and float(p.max()) < min_confidence):
+            if drafted[-1] in self.eos or (stop is not None and stop.stops(p)):
                 break
             fresh = [drafted[-1]]
         targets = [int(t) for t in tokens]

@@ -34,13 +34,13 @@ class HybridDraft(Draft):
     def watching_target(self) -> contextlib.AbstractContextManager:
         return self.head.watching_target()
 
-    def propose(self, seq, k, sampling, generator, min_confidence=None) -> Proposal:
+    def propose(self, seq, k, sampling, generator, stop=None) -> Proposal:
         matched, _ = self.ngram.suffix_matches(seq[0])
         if matched >= self.min_match:
-            proposal = self.ngram.propose(seq, k, sampling, generator, min_confidence)
+            proposal = self.ngram.propose(seq, k, sampling, generator, stop)
             proposal.source = "ngram"
         else:
-            proposal = self.head.propose(seq, k, sampling, generator, min_confidence)
+            proposal = self.head.propose(seq, k, sampling, generator, stop)
             proposal.source = "head"
         return proposal
 

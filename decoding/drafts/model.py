@@ -25,7 +25,7 @@ class ModelDraft(Draft):
     def reset(self) -> None:
         self.cache = new_cache(self.model)
 
-    def propose(self, seq, k, sampling, generator, min_confidence=None):
+    def propose(self, seq, k, sampling, generator, stop=None):
         # Only the tokens the cache has not seen yet: after a round that
         # kept everything, the last draft token and the bonus token.
         fresh = seq[:, self.cache.get_seq_length() :]
@@ -43,7 +43,7 @@ class ModelDraft(Draft):
             qs.append(probs[token])
             tops.append(torch.topk(probs, TOP_N))
             fresh = token.view(1, 1)
-            if min_confidence is not None and probs.max().item() < min_confidence:
+            if stop is not None and stop.stops(probs):
                 break
         return Proposal.from_steps(tokens, qs, dists, tops, seq.device)
 

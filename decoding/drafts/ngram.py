@@ -6,6 +6,7 @@ import torch
 
 from ..core.proposal import Draft, Proposal, empty_proposal
 from ..core.tree import TokenTree, grow_tree
+from ..settings.policies import StopRule
 from ..trace import Match
 
 
@@ -54,12 +55,31 @@ class NGramDraft(Draft):
         ranked = sorted(votes, key=lambda t: -votes[t])  # stable: ties stay earliest first
         return [(t, votes[t] / len(following)) for t in ranked]
 
-    def propose(self, seq, k, sampling, generator, min_confidence=None):
+    def propose(self, seq, k, sampling, generator, stop=None):
         ids = seq[0]
         n, starts = self.suffix_matches(ids)
         if not n:
             return empty_proposal(seq.device)
+        if stop is not None:
+            return self._propose_by_support(ids, k, stop)
         start = int(starts[0])
         tokens = ids[start : start + k]
         ones = torch.ones(tokens.shape[0], device=ids.device)
         return Proposal(tokens, ones, None, match=Match(start, n))
+
+    def _propose_by_support(self, ids: torch.Tensor, k: int, stop: StopRule) -> Proposal:
+        """A draft whose length follows the match's support, as suffix decoding's does: each token
+        is the one most earlier occurrences of the suffix went on with, its share of them as q,
+        and drafting stops once the shares predict a refusal (`stop` judges them as it judges a
+        model's distribution). q is not a distribution the tokens were drawn from, so sampling
+        verifies them as it verifies any deterministic draft."""
+        tokens: list[int] = []
+        for _ in range(k):
+            votes = self.continuations(torch.cat([ids, ids.new_tensor(tokens)]))
+            if not votes:
+                break
+            tokens.append(votes[0][0])
+            if stop.stops(torch.tensor([share for _, share in votes])):
+                break
+        ones = torch.ones(len(tokens), device=ids.device)
+        return Proposal(ids.new_tensor(tokens), ones, None)

@@ -109,7 +109,7 @@ class SuffixDraft(Draft):
         total = sum(counts.values())
         return [(t, c / total) for t, c in counts.most_common()]
 
-    def propose(self, seq, k, sampling, generator, min_confidence=None):
+    def propose(self, seq, k, sampling, generator, stop=None):
         ids = seq[0].cpu()  # the corpus lives in host memory
         self.corpus.update(self.run, ids)
         n, starts = self.longest_match(ids)

@@ -55,7 +55,7 @@ class HeadDraft(Draft):
         return out
 
     @torch.inference_mode()
-    def propose(self, seq, k, sampling, generator, min_confidence=None):
+    def propose(self, seq, k, sampling, generator, stop=None):
         out = self._read_target(seq)
         if out is None:
             return empty_proposal(seq.device)  # draft nothing
@@ -78,7 +78,7 @@ class HeadDraft(Draft):
             qs.append(probs[pick])
             top = torch.topk(probs, min(TOP_N, probs.shape[0]))
             tops.append((top.values, draft_ids[top.indices]))
-            if len(tokens) == k or (min_confidence is not None and probs.max().item() < min_confidence):
+            if len(tokens) == k or (stop is not None and stop.stops(probs)):
                 break
             out = head.step(self.embed(tokens[-1].view(1)).to(dtype), out, self.cache)
         return Proposal.from_steps(tokens, qs, dists, tops, seq.device)
