@@ -39,6 +39,7 @@ from visualize.cards import stats_html
 from visualize.charts import (
     acceptance_vs_k,
     best_k_figure,
+    concurrency_figure,
     per_position_figure,
     speedup_curve,
     theory_figure,
@@ -568,6 +569,29 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, m
     return theory_figure(alpha, c, verify_growth, int(gamma_max), measured), text
 
 
+def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict | None = None):
+    """What serving several requests at once does to speculation, from this machine's V(n) when measured."""
+
+    def ratio(n: int) -> float:
+        return costmodel.verify_ratio_at(measured, n) if measured else 1.0 + verify_growth * (n - 1)
+
+    ks = range(1, 7)
+    stops = {k: costmodel.break_even_concurrency(alpha, k, c, ratio) for k in ks}
+    paying = [f"k = {k} at B = {b}" for k, b in stops.items() if b is not None]
+    source = "the step costs measured on this machine" if measured else "the sliders' verify cost b"
+    text = (
+        f"**Predicted** from {source} (not measured runs): B requests decoded together check B rows a step; "
+        "speculating, B·(k+1). "
+        + (
+            f"Speculation stops paying at {', '.join(paying)}."
+            if paying
+            else f"Up to B = {costmodel.CONCURRENCY[-1]} it pays at every k."
+        )
+        + ("" if measured else " Measure V(n) above for this machine's own figures.")
+    )
+    return concurrency_figure(alpha, c, ratio, ks, bool(measured)), text
+
+
 def check_measure(target: str) -> None:
     with user_errors():
         check_allowed(target)
@@ -576,7 +600,7 @@ def check_measure(target: str) -> None:
 
 @gpu
 def measure_verify(target: str):
-    """Time the target's pass over 1, 2, 3, 5, 9 and 17 tokens here (decoding/tools/probe.py)."""
+    """Time the target's pass over 1 to 64 tokens here (decoding/tools/probe.py)."""
     with user_errors():
         check_allowed(target)
         found = probe(load_model((target or "").strip()))

@@ -120,7 +120,10 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
         h.draft_controls, s["draft_source"], [s["n_layers"], s["draft_model"]], api_visibility="private"
     )
     s["policy"].change(
-        lambda p: gr.update(visible=p in ("confidence", "entropy")), s["policy"], s["confidence"], api_visibility="private"
+        lambda p: gr.update(visible=p in ("confidence", "entropy")),
+        s["policy"],
+        s["confidence"],
+        api_visibility="private",
     )
     s["tree_nodes"].change(
         lambda n: gr.update(visible=n > 0), s["tree_nodes"], s["branch"], api_visibility="private"
@@ -170,7 +173,9 @@ def _setting_controls() -> dict[str, gr.components.Component]:
             visible=False,
         ),
         "policy": gr.Radio(list(POLICIES), value="fixed", label="Draft-length policy"),
-        "confidence": gr.Slider(0.05, 0.95, value=0.4, step=0.05, label="Stop below predicted acceptance", visible=False),
+        "confidence": gr.Slider(
+            0.05, 0.95, value=0.4, step=0.05, label="Stop below predicted acceptance", visible=False
+        ),
         "temperature": gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)"),
         "top_k": gr.Slider(0, 200, value=0, step=1, label="Top-k (0 = off)"),
         "top_p": gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="Top-p"),
@@ -300,6 +305,16 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
         h.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
     )
     measuring.success(h.run_theory, [*chain, measured], [theory_plot, theory_text], **PRIVATE)
+    gr.Markdown("### Many requests at once")
+    concurrency_text = gr.Markdown(elem_id="concurrency-text")
+    concurrency_plot = gr.Plot(show_label=False, elem_id="concurrency-plot")
+    gr.on(
+        [alpha.change, c.change, growth.change, demo.load, measured.change],
+        h.run_concurrency,
+        [alpha, c, growth, measured],
+        [concurrency_plot, concurrency_text],
+        api_name="concurrency",
+    )
     _tree_theory(demo, alpha, c, growth)
     _simulation(alpha)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .trace import Trace
 
@@ -87,6 +87,30 @@ def verify_ratio_at(measured: dict[int, float], n: int) -> float:
         if n <= n1:
             return r0 + (r1 - r0) * (n - n0) / (n1 - n0)
     return r1 + (r1 - r0) * (n - n1) / (n1 - n0)
+
+
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)  # requests decoded together, for the what-if
+
+
+def concurrent_speedup(
+    alpha: float, k: int, c: float, verify_ratio: Callable[[int], float], batch: int
+) -> float:
+    """Predicted speedup of speculation when `batch` requests are decoded together.
+
+    Plain decoding checks B rows a step, V(B); a speculative round drafts k steps (each c
+    plain steps at that batch, c·V(B)) and checks B·(k+1) rows, V(B·(k+1)), and each request
+    gains expected_tokens(α, k). Where one step is bound by reading the weights, more rows are
+    nearly free and speculation pays; once B·(k+1) rows make the step compute-bound, it stops.
+    `verify_ratio(n)` is V(n)/V(1)."""
+    plain = verify_ratio(batch)
+    return expected_tokens(alpha, k) * plain / (k * c * plain + verify_ratio(batch * (k + 1)))
+
+
+def break_even_concurrency(
+    alpha: float, k: int, c: float, verify_ratio: Callable[[int], float], batches: Sequence[int] = CONCURRENCY
+) -> int | None:
+    """The smallest of `batches` at which speculation no longer pays (speedup below 1), or None."""
+    return next((b for b in batches if concurrent_speedup(alpha, k, c, verify_ratio, b) < 1.0), None)
 
 
 def estimate_alpha(*traces: Trace) -> float:

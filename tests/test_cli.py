@@ -231,11 +231,15 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
     data = json.loads(capsys.readouterr().out)
     assert data["weight_bytes"] > 500e6  # SmolLM2-135M in float32, output layer included
     assert data["bandwidth_gbs"] > 0 and data["peak_gflops"] > 0 and data["machine"]
-    for n in ("1", "2", "3", "5", "9", "17"):
+    for n in ("1", "2", "3", "5", "9", "17", "32", "64"):
         row = data[n]
         assert set(row) == {"step_ms", "verify_ratio", "limit_ms", "step_over_limit"}
         assert row["step_ms"] > 0 and row["limit_ms"] > 0 and row["step_over_limit"] > 0
         assert row["verify_ratio"] == pytest.approx(row["step_ms"] / data["1"]["step_ms"], rel=0.01)
+    what_if = data["concurrency"]
+    assert what_if["alpha"] == 0.7 and set(what_if["speedup_by_k"]) == {"1", "2", "3", "4", "5", "6"}
+    assert set(what_if["speedup_by_k"]["3"]) == {"1", "2", "4", "8", "16", "32", "64"}
+    assert "not measured runs" in what_if["predicted_from"]
     # The limit is the larger of streaming the weights and doing the arithmetic.
     assert (
         data["17"]["limit_ms"]

@@ -149,6 +149,30 @@ def test_the_theory_tab_uses_this_machines_measured_verify_cost():
     assert best < int(run_theory(0.7, 0.1, 0.0, 8)[1].split("**γ = ")[1].split("**")[0])
 
 
+def test_the_concurrency_what_if_is_the_cost_model_on_a_hand_made_v():
+    """A step that costs the same up to 8 rows (reading the weights) and grows with rows beyond
+    (arithmetic): one request gains what the cost model says, eight lose."""
+
+    def ratio(n: int) -> float:
+        return max(1.0, n / 8)
+
+    alpha, k, c = 0.8, 3, 0.05
+    one = costmodel.concurrent_speedup(alpha, k, c, ratio, 1)
+    assert one == pytest.approx(costmodel.expected_speedup_measured(alpha, k, 1.0, c, ratio(k + 1)))
+    assert costmodel.concurrent_speedup(alpha, k, c, ratio, 8) == pytest.approx(
+        costmodel.expected_tokens(alpha, k) / (k * c + 4.0)  # 32 rows: 4 plain steps
+    )
+    assert costmodel.concurrent_speedup(alpha, k, c, ratio, 4) == pytest.approx(2.952 / 2.15)  # 16 rows
+    assert costmodel.break_even_concurrency(alpha, k, c, ratio) == 8
+    from app.handlers import run_concurrency
+
+    fig, text = run_concurrency(alpha, c, 0.0, {1: 1.0, 8: 1.0, 64: 8.0})
+    assert [d.name for d in fig.data] == [
+        f"k={k}" for k in range(1, 7)
+    ] and "measured on this machine" in text
+    assert "stops paying at" in text and "**Predicted**" in text
+
+
 def test_simulation_matches_the_formula():
     alpha, gamma = 0.7, 4
     trace = simulate_trace(alpha, gamma, rounds=4000, seed=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -309,6 +310,22 @@ def theory_figure(
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
     fig.update_layout(yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"})
     return _layout(fig, f"Expected speedup, α={alpha:.2f}, c={c:.2f}", "γ (draft length)", "speedup (×)")
+
+
+def concurrency_figure(
+    alpha: float, c: float, verify_ratio: Callable[[int], float], ks: Sequence[int], measured: bool
+) -> go.Figure:
+    """Predicted speedup against the number of requests decoded together, one line per k."""
+    fig = go.Figure()
+    batches = list(costmodel.CONCURRENCY)
+    for k in ks:
+        y = [costmodel.concurrent_speedup(alpha, k, c, verify_ratio, b) for b in batches]
+        fig.add_scatter(x=batches, y=y, mode="lines+markers", name=f"k={k}")
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches])
+    source = "V(n) measured here" if measured else "V(n) = 1 + b·(n − 1)"
+    return _layout(fig, f"Predicted speedup against concurrent requests ({source})", "requests decoded together B",
+                   "predicted speedup (×)")  # fmt: skip
 
 
 def tree_theory_figure(

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import SpecLensError
+
+if TYPE_CHECKING:  # only tensors' own methods are used: the trace and visualize/ load without torch
+    import torch
 
 K_MIN, K_MAX = 1, 16
 POLICIES = ("fixed", "heuristic", "confidence", "entropy")

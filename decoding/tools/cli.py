@@ -20,7 +20,7 @@ from ..trace import Trace, agreement
 from . import metrics
 from .bench import BenchConfig, machine, run_bench
 from .compare import compare, parse_drafts
-from .probe import probe
+from .probe import concurrency_what_if, probe
 from .prompts import read_prompts
 from .server_bench import run_server_bench
 from .sweep import parse_sizes, sweep, tree_sweep
@@ -99,11 +99,18 @@ def _add_compare_command(sub) -> None:
 def _add_tool_commands(sub) -> None:
     """The commands that do not decode a prompt: metrics, probe, train-head, prepare."""
     _add_metrics_command(sub)
-    pr = sub.add_parser("probe", help="time the target's step for 1-17 tokens against this machine's limits")
+    pr = sub.add_parser(
+        "probe",
+        help="time the target's step for 1-64 tokens against this machine's limits; what concurrency does",
+    )
     pr.add_argument("--target", default="smollm2-135m")
     pr.add_argument("--device", default=None)
     pr.add_argument("--dtype", default=None)
     pr.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    pr.add_argument("--alpha", type=float, default=0.7, help="acceptance assumed for the concurrency what-if")
+    pr.add_argument(
+        "--draft-cost", type=float, default=0.05, help="c assumed for the what-if (draft step / target step)"
+    )
     _add_train_head_command(sub)
     _add_training_prompts_command(sub)
     p = sub.add_parser(
@@ -390,8 +397,13 @@ def _print_table(table, name: str, column: str, repeats: int) -> None:
 
 def _probe(args: argparse.Namespace) -> int:
 
+    if not (0 <= args.alpha < 1 and args.draft_cost >= 0):
+        raise SpecLensError("--alpha must lie in 0..1 (below 1) and --draft-cost be 0 or more")
     target = load_model(args.target, args.device, args.dtype, args.compile)
-    print(json.dumps({"machine": machine(), **probe(target)}, indent=1))
+    found = probe(target)
+    ratios = {int(n): row["verify_ratio"] for n, row in found.items() if n.isdigit()}
+    what_if = concurrency_what_if(ratios, args.alpha, args.draft_cost)
+    print(json.dumps({"machine": machine(), **found, "concurrency": what_if}, indent=1))
     return 0
 
 

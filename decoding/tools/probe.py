@@ -15,11 +15,12 @@ import time
 import numpy as np
 import torch
 
+from .. import costmodel
 from ..models.loading import LoadedModel
 from ..runtime.forward import crop, forward, new_cache
 from ..runtime.rowlinear import RowLinear
 
-ROWS = (1, 2, 3, 5, 9, 17)
+ROWS = (1, 2, 3, 5, 9, 17, 32, 64)  # 32 and 64: what several requests decoded together check
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
 CPU = torch.device("cpu")
 
@@ -145,3 +146,26 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
             "step_over_limit": round(statistics.median(paired), 3),
         }
     return result
+
+
+def concurrency_what_if(ratios: dict[int, float], alpha: float, c: float, ks: range = range(1, 7)) -> dict:
+    """Predicted speedup against the number of requests decoded together, for each k, from the
+    measured V(n)/V(1) (costmodel.concurrent_speedup), and the number at which it stops paying.
+    Beyond the largest n measured, V grows along its last measured slope."""
+
+    def ratio(n: int) -> float:
+        return costmodel.verify_ratio_at(ratios, n)
+
+    return {
+        "predicted_from": "the step costs measured above (V(n)/V(1)), not measured runs",
+        "alpha": alpha,
+        "draft_cost_c": c,
+        "speedup_by_k": {
+            str(k): {
+                str(b): round(costmodel.concurrent_speedup(alpha, k, c, ratio, b), 3)
+                for b in costmodel.CONCURRENCY
+            }
+            for k in ks
+        },
+        "stops_paying_at": {str(k): costmodel.break_even_concurrency(alpha, k, c, ratio) for k in ks},
+    }
