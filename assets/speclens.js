@@ -78,3 +78,91 @@
     if (e.target.closest(".sl-race-play") || e.target.closest(".sl-race-speed")) play(race);
   });
 })();
+
+// Step-through (visualize/timeline.py's STEPPER): each round built up stage by stage. A round's
+// stages: 0, its draft's tokens shown, none judged yet; j, the first j judged; then the target's
+// own token. A round that drafted nothing has the last stage alone. ←/→ step, space plays.
+(() => {
+  let timer = null;
+  const VERDICT = { "sl-accepted": "kept", "sl-rejected": "refused: the target would have written another token", "sl-discarded": "never judged: it came after a refusal" };
+  const OWN = { "sl-correction": "the target's own token, in place of the refused one", "sl-bonus": "the target's bonus token: every draft was kept", "sl-target": "the target alone: nothing was drafted" };
+  const kindOf = (chip, names) => Object.keys(names).find((k) => chip.classList.contains(k));
+  const stages = (tl) => {
+    const out = [];
+    tl.querySelectorAll(".sl-round").forEach((r, i) => {
+      const drafts = r.querySelectorAll('[data-step="draft"]').length;
+      if (drafts) for (let s = 0; s <= drafts; s++) out.push([i, s]);
+      if (r.querySelector('[data-step="emit"]')) out.push([i, drafts + 1]);
+    });
+    return out;
+  };
+  const describe = (round, s, total, index) => {
+    const drafts = [...round.querySelectorAll('[data-step="draft"]')];
+    let what;
+    if (s === 0) what = `the draft proposes ${drafts.length} token${drafts.length === 1 ? "" : "s"}`;
+    else if (s <= drafts.length) what = `token ${s} of ${drafts.length}: ${VERDICT[kindOf(drafts[s - 1], VERDICT)] || "judged"}`;
+    else what = OWN[kindOf(round.querySelector('[data-step="emit"]'), OWN)] || "the target's own token";
+    return `Round ${index + 1} of ${total}: ${what}`;
+  };
+  const render = (tl, pos) => {
+    const list = stages(tl);
+    if (!list.length) return;
+    pos = Math.max(0, Math.min(pos, list.length - 1));
+    tl.dataset.pos = String(pos);
+    tl.classList.add("sl-stepping");
+    const [at, s] = list[pos];
+    const rounds = [...tl.querySelectorAll(".sl-round")];
+    rounds.forEach((r, i) => {
+      r.classList.toggle("sl-future", i > at);
+      r.classList.toggle("sl-step-current", i === at);
+      const drafts = r.querySelectorAll('[data-step="draft"]');
+      drafts.forEach((c, j) => c.classList.toggle("sl-pending", i === at && j >= s));
+      r.querySelectorAll('[data-step="emit"]').forEach((c) => c.classList.toggle("sl-unseen", i === at && s <= drafts.length));
+    });
+    rounds[at].scrollIntoView({ block: "nearest" });
+    tl.querySelector(".sl-step-where").textContent = describe(rounds[at], s, rounds.length, at);
+    if (pos === list.length - 1) pause(tl);
+  };
+  const pause = (tl) => {
+    if (timer) clearInterval(timer);
+    timer = null;
+    const play = tl.querySelector(".sl-step-play");
+    if (play) { play.textContent = "▶ Play"; play.setAttribute("aria-label", "play"); }
+  };
+  const showAll = (tl) => {
+    pause(tl);
+    tl.classList.remove("sl-stepping");
+    delete tl.dataset.pos;
+    tl.querySelectorAll(".sl-future, .sl-pending, .sl-unseen, .sl-step-current").forEach((el) => el.classList.remove("sl-future", "sl-pending", "sl-unseen", "sl-step-current"));
+    tl.querySelector(".sl-step-where").textContent = "";
+    tl.querySelector(".sl-step-play").textContent = "▶ Step through";
+  };
+  const step = (tl, by) => render(tl, tl.dataset.pos === undefined ? 0 : Number(tl.dataset.pos) + by);
+  const play = (tl) => {
+    if (timer) return pause(tl);
+    const speed = Number(tl.querySelector(".sl-step-speed").value || 1);
+    if (tl.dataset.pos === undefined || Number(tl.dataset.pos) >= stages(tl).length - 1) render(tl, 0);
+    const button = tl.querySelector(".sl-step-play");
+    button.textContent = "⏸ Pause";
+    button.setAttribute("aria-label", "pause");
+    timer = setInterval(() => (tl.isConnected ? step(tl, 1) : pause(tl)), 900 / speed);
+  };
+  document.addEventListener("click", (e) => {
+    const tl = e.target.closest && e.target.closest(".sl-timeline");
+    if (!tl || !e.target.closest(".sl-stepper button")) return;
+    if (e.target.closest(".sl-step-play")) play(tl);
+    else if (e.target.closest(".sl-step-all")) showAll(tl);
+    else { pause(tl); step(tl, e.target.closest(".sl-step-next") ? 1 : -1); }
+  });
+  document.addEventListener("change", (e) => {
+    const tl = e.target.closest && e.target.closest(".sl-timeline");
+    if (tl && e.target.matches(".sl-step-speed") && timer) { pause(tl); play(tl); }
+  });
+  document.addEventListener("keydown", (e) => {
+    const tl = document.activeElement && document.activeElement.closest && document.activeElement.closest(".sl-timeline");
+    if (!tl || !tl.querySelector(".sl-stepper") || !["ArrowLeft", "ArrowRight"].includes(e.key)) return;
+    e.preventDefault();
+    pause(tl);
+    step(tl, e.key === "ArrowRight" ? 1 : -1);
+  });
+})();

@@ -141,6 +141,35 @@ def test_sweep_k_over_a_workload(page):
     page.screenshot(path=ARTIFACTS / "sweep-workload.png", full_page=True)
 
 
+def test_explore_steps_through_each_round_stage_by_stage(page):
+    """The example run, built up one stage at a time: next and previous move one stage, the arrow
+    keys too, and "show all" gives back every round."""
+    timeline = page.locator("#timeline")
+    page.wait_for_selector("#timeline .sl-stepper", timeout=60_000)
+    rounds = timeline.locator(".sl-round").count()
+    where = timeline.locator(".sl-step-where")
+
+    def state() -> tuple[str, int, int]:
+        visible = timeline.locator(".sl-round:not(.sl-future)").count()
+        return where.inner_text(), visible, timeline.locator(".sl-pending").count()
+
+    timeline.locator(".sl-step-next").click()
+    first = state()
+    assert first[0].startswith(f"Round 1 of {rounds}:") and first[1] == 1
+    drafts = timeline.locator(".sl-round").first.locator("[data-step='draft']").count()
+    assert first[2] == drafts  # the draft's tokens shown, none judged yet
+    timeline.locator(".sl-step-next").click()
+    second = state()
+    assert second != first and (second[2] == drafts - 1 or second[0].startswith("Round 2"))
+    timeline.locator(".sl-step-prev").click()
+    assert state() == first
+    timeline.locator(".sl-step-next").press("ArrowRight")
+    assert state() == second
+    page.screenshot(path=ARTIFACTS / "explore-step-through.png", full_page=True)
+    timeline.locator(".sl-step-all").click()
+    assert timeline.locator(".sl-round:not(.sl-future)").count() == rounds and state()[2] == 0
+
+
 def test_replay_example_and_step_through(page):
     page.get_by_role("tab", name="Replay").click()
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]

@@ -41,9 +41,14 @@ def _fmt(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
-def _token(kind: str, text: str, tip: str) -> str:
+def _token(kind: str, text: str, tip: str, step: str = "") -> str:
     # data-tip, not title: the page's popover (assets/speclens.js) opens on hover and on a tap.
-    return f'<span class="sl-tok sl-{kind}" data-tip="{escape(tip, quote=True)}" tabindex="0">{_shown(text)}</span>'
+    # data-step: a round's draft token or the target's own, for the step-through (speclens.js).
+    stage = f' data-step="{step}"' if step else ""
+    return (
+        f'<span class="sl-tok sl-{kind}" data-tip="{escape(tip, quote=True)}"{stage} tabindex="0">'
+        f"{_shown(text)}</span>"
+    )
 
 
 def _top_lines(title: str, top: list[TopToken] | None, symbol: str) -> str:
@@ -108,7 +113,8 @@ def _draft_chip(rnd: Round, j: int, prompt_texts: list[str]) -> str:
             tip += f"\nrandom draw u = {_fmt(v.u)} (kept when below the chance to keep)"
     if v.kind == "rejected":
         tip += _turn_lines(rnd)
-    return _token(v.kind, tok.text, tip + _match_line(rnd, prompt_texts) + _translation_line(rnd, j))
+    tip += _match_line(rnd, prompt_texts) + _translation_line(rnd, j)
+    return _token(v.kind, tok.text, tip, step="draft")
 
 
 def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str]) -> str:
@@ -116,7 +122,7 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
     if rnd.emitted is not None:
         e = rnd.emitted
         tip = f"{KIND_LABELS[e.kind]}\ntarget's probability p = {_fmt(e.p)}" + _turn_lines(rnd)
-        chips.append(_token(e.kind, e.text, tip))
+        chips.append(_token(e.kind, e.text, tip, step="emit"))
     cls = "sl-round sl-selected" if selected else "sl-round"
     timing = f" · {rnd.round_ms:.0f} ms" if rnd.round_ms else ""  # a simulated round took no time
     # A tree round shows its main line (the accepted path, then the best refused child).
@@ -181,6 +187,22 @@ def _template_fold(spans: list[str]) -> str:
     return f'<details class="sl-template"><summary>chat template</summary>{"".join(spans)}</details>'
 
 
+# Step-through controls; assets/speclens.js builds each round up stage by stage: the draft's
+# tokens appear, each is judged in turn, then the target's own token appears.
+STEPPER = (
+    '<div class="sl-stepper" role="group" aria-label="step through the rounds">'
+    '<button type="button" class="sl-step-prev" aria-label="previous stage" title="previous stage (←)">◀</button>'
+    '<button type="button" class="sl-step-play" aria-label="play" title="play or pause (space)">▶ Step through</button>'
+    '<button type="button" class="sl-step-next" aria-label="next stage" title="next stage (→)">▶|</button>'
+    '<select class="sl-step-speed" aria-label="speed">'
+    '<option value="0.5">×0.5</option><option value="1" selected>×1</option><option value="2">×2</option>'
+    '<option value="4">×4</option></select>'
+    '<button type="button" class="sl-step-all" aria-label="show every round">show all</button>'
+    '<span class="sl-step-where" aria-live="polite"></span>'
+    "</div>"
+)
+
+
 def legend_html() -> str:
     items = "".join(f'<span class="sl-tok sl-{k}">{escape(label)}</span>' for k, label in KIND_LABELS.items())
     return f'<div class="sl-legend">{items}</div>'
@@ -191,7 +213,7 @@ def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = 
     steps = trace.rounds if upto is None else trace.rounds[:upto]
     greedy = trace.meta.sampling.greedy
     prompt_texts = trace.meta.prompt_token_texts
-    parts = [legend_html(), '<div class="sl-rounds">']
+    parts = [legend_html(), STEPPER if steps else "", '<div class="sl-rounds">']
     if trace.meta.prompt:
         chosen = steps[selected] if selected is not None and 0 <= selected < len(steps) else None
         parts.append(
