@@ -19,7 +19,7 @@ from visualize.cards import stats_html
 from visualize.charts import accepted_length_histogram, theory_figure, trace_figures
 from visualize.explain import explain_round
 from visualize.simulate import simulate_trace
-from visualize.timeline import timeline_html
+from visualize.timeline import timeline_html, token_entropies
 
 EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*.json"))
 
@@ -340,3 +340,30 @@ def test_a_plain_run_records_each_tokens_time_and_text(tmp_path):
     base = plain_baseline(RunConfig(target=str(folder), prompt="a b c", chat=False, max_new_tokens=20))
     assert len(base.token_times_s) == len(base.token_ids) == len(base.token_texts)
     assert base.token_times_s == sorted(base.token_times_s) and base.token_times_s[-1] <= base.wall_s + 1e-6
+
+
+def test_the_entropy_strip_shows_the_traces_entropies(tiny_target):
+    """Each bar's value is the trace's; the first is the entropy of the target's own distribution
+    after the prompt; refused positions carry the correction's colour."""
+    import torch
+
+    from decoding.core.speculative import speculative_generate
+    from decoding.drafts import LayerDraft
+    from decoding.settings.policies import make_policy
+
+    prompt = torch.tensor([[3, 14, 15, 9, 2, 6]])
+    trace = speculative_generate(
+        tiny_target, prompt, LayerDraft(tiny_target, 3, 64), make_policy("fixed", 3), max_new_tokens=20
+    )
+    validate(trace)
+    html = timeline_html(trace)
+    shown = [float(x) for x in re.findall(r'data-entropy="([^"]+)"', html)]
+    expected = [h for _, _, h in token_entropies(trace)]
+    assert shown == expected and len(shown) == len(trace.output.token_ids)
+    probs = tiny_target(prompt).logits[0, -1].double().softmax(-1)
+    assert shown[0] == pytest.approx(float(-(probs * probs.log()).sum()), abs=1e-3)
+    kinds = re.findall(r'class="sl-ent sl-ent-(\w+)"', html)
+    assert kinds.count("correction") == sum(
+        r.emitted is not None and r.emitted.kind == "correction" for r in trace.rounds
+    )
+    assert ("Mean where a draft was refused" in html) == ("correction" in kinds and "accepted" in kinds)

@@ -203,6 +203,53 @@ STEPPER = (
 )
 
 
+def token_entropies(trace: Trace) -> list[tuple[str, str, float | None]]:
+    """(kind, text, the target's entropy in nats) for each output token, in order; a refused draft
+    shares its position with the target's correction, so the correction carries that entropy."""
+    out: list[tuple[str, str, float | None]] = []
+    for r in trace.rounds:
+        out += [(v.kind, t.text, v.entropy) for t, v in zip(r.draft[: r.n_accepted], r.verdicts)]
+        if r.emitted is not None:
+            out.append((r.emitted.kind, r.emitted.text, r.emitted.entropy))
+    return out
+
+
+def entropy_strip_html(trace: Trace) -> str:
+    """A strip of bars along the output, one per token, as tall as the target's entropy there and
+    coloured by what happened: refusals (orange) stand where the target itself was unsure."""
+    tokens = token_entropies(trace)
+    known = [h for _, _, h in tokens if h is not None]
+    if not known:
+        return ""  # a tree run or an older trace: no entropies recorded
+    top = max(max(known), 1e-6)
+    bars = []
+    for i, (kind, text, h) in enumerate(tokens):
+        height = 2 if h is None else 3 + round(33 * h / top)
+        value = "not recorded" if h is None else f"{h:.2f} nats"
+        tip = f"output token {i + 1} “{text}”: {KIND_LABELS[kind]}\ntarget's entropy here: {value}"
+        data = "" if h is None else f' data-entropy="{h}"'
+        bars.append(
+            f'<span class="sl-ent sl-ent-{kind}" style="height:{height}px"{data} '
+            f'data-tip="{escape(tip, quote=True)}"></span>'
+        )
+    return (
+        f'<div class="sl-entropy-box"><div class="sl-entropy">{"".join(bars)}</div>'
+        f'<div class="sl-caption">{escape(_entropy_caption(tokens))}</div></div>'
+    )
+
+
+def _entropy_caption(tokens: list[tuple[str, str, float | None]]) -> str:
+    def mean(kinds: tuple[str, ...]) -> float | None:
+        hs = [h for kind, _, h in tokens if kind in kinds and h is not None]
+        return sum(hs) / len(hs) if hs else None
+
+    text = "The target's uncertainty (entropy) at each output token, coloured by what happened there."
+    refused, kept = mean(("correction",)), mean(("accepted",))
+    if refused is not None and kept is not None:
+        text += f" Mean where a draft was refused: {refused:.2f} nats; where one was kept: {kept:.2f}."
+    return text
+
+
 def legend_html() -> str:
     items = "".join(f'<span class="sl-tok sl-{k}">{escape(label)}</span>' for k, label in KIND_LABELS.items())
     return f'<div class="sl-legend">{items}</div>'
@@ -213,7 +260,8 @@ def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = 
     steps = trace.rounds if upto is None else trace.rounds[:upto]
     greedy = trace.meta.sampling.greedy
     prompt_texts = trace.meta.prompt_token_texts
-    parts = [legend_html(), STEPPER if steps else "", '<div class="sl-rounds">']
+    strip = entropy_strip_html(trace) if upto is None else ""
+    parts = [legend_html(), STEPPER if steps else "", strip, '<div class="sl-rounds">']
     if trace.meta.prompt:
         chosen = steps[selected] if selected is not None and 0 <= selected < len(steps) else None
         parts.append(

@@ -41,7 +41,10 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
     accept_prob = v.accept_prob.tolist()[: n + 1]
     u = v.u.tolist()[: n + 1] if v.u is not None else []
     judged = range(min(n + 1, len(ids)))
-    verdicts = [Verdict(p[j], accept_prob[j], u[j] if u else None, j < n, verdict_kind(j, n)) for j in judged]
+    h = [round(x, 4) for x in v.entropy.tolist()] if v.entropy is not None else [None] * (n + 1)
+    verdicts = [
+        Verdict(p[j], accept_prob[j], u[j] if u else None, j < n, verdict_kind(j, n), h[j]) for j in judged
+    ]
     verdicts += [Verdict(None, None, None, False, "discarded") for _ in range(n + 1, len(ids))]
     return Round(
         k=len(ids),
@@ -50,7 +53,7 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
         n_accepted=n,
         emitted=None
         if emitted is None
-        else Emitted(emitted, token_text(emitted), _emitted_kind(n, len(ids)), float(v.p_emitted)),
+        else Emitted(emitted, token_text(emitted), _emitted_kind(n, len(ids)), float(v.p_emitted), h[n]),
         draft_ms=0.0,
         verify_ms=0.0,
         round_ms=0.0,

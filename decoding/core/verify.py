@@ -42,6 +42,14 @@ class Verification:
     dist: torch.Tensor  # [vocab] the target's distribution where it added its token
     # [vocab] sampling after a rejection: max(0, p - q) normalised, what the token was drawn from
     residual: torch.Tensor | None = None
+    # [n+1] the entropy (nats) of the target's distribution at each judged position, the
+    # emitted token's last: how unsure the target itself was where a draft was judged
+    entropy: torch.Tensor | None = None
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each row of probabilities."""
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
 
 
 def _prefix_len(ok: torch.Tensor) -> int:
@@ -60,7 +68,8 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor) -> Verif
     probs = target_logits.float().softmax(-1)
     p = probs[torch.arange(k, device=probs.device), draft_ids]
     emitted = best[n]
-    return Verification(n, p, (best[:k] == draft_ids).float(), None, emitted, probs[n, emitted], probs[n])
+    kept = (best[:k] == draft_ids).float()
+    return Verification(n, p, kept, None, emitted, probs[n, emitted], probs[n], None, entropy(probs[: n + 1]))
 
 
 def verify_sampling(
@@ -99,4 +108,14 @@ def verify_sampling(
     else:
         dist = target_probs[k]
     emitted = torch.multinomial(dist, 1, generator=generator)[0]
-    return Verification(n, p, accept_prob, u, emitted, target_probs[n, emitted], target_probs[n], residual)
+    return Verification(
+        n,
+        p,
+        accept_prob,
+        u,
+        emitted,
+        target_probs[n, emitted],
+        target_probs[n],
+        residual,
+        entropy(target_probs[: n + 1]),
+    )

@@ -45,6 +45,7 @@ class Verdict:
     u: float | None  # the uniform draw; None when greedy
     accepted: bool
     kind: str = ""  # accepted, rejected or discarded; filled from the position when empty
+    entropy: float | None = None  # the target's entropy (nats) here; None where not judged or not recorded
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Emitted:
     text: str
     kind: str  # "correction", "bonus", or "target" when the round drafted nothing
     p: float  # the target's probability of this token
+    entropy: float | None = None  # the target's entropy (nats) where it wrote this token
 
 
 @dataclass

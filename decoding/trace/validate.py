@@ -86,6 +86,8 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
         return f"the emitted token is a {s.emitted.kind!r}, expected a {expected!r}"
     if not is_int(s.emitted.id) or not isinstance(s.emitted.text, str) or not is_prob(s.emitted.p):
         return "the emitted token needs a whole-number id, a text and a probability p"
+    if not _is_entropy(s.emitted.entropy):
+        return "the emitted token's entropy must be a number of nats, 0 or more, or null"
     return None
 
 
@@ -130,11 +132,17 @@ def _token_problem(tok: DraftToken, v: Verdict, kind: str, sampled: bool) -> str
         return "a draft token needs a whole-number id, a text and a probability q"
     if v.kind != kind or v.accepted != (kind == "accepted"):
         return f"the verdict says {v.kind!r} (accepted={v.accepted}) but its place in the round makes it {kind!r}"
+    if not _is_entropy(v.entropy):
+        return "a verdict's entropy must be a number of nats, 0 or more, or null"
     if kind == "discarded":
-        if (v.p, v.accept_prob, v.u) != (None, None, None):
-            return "a discarded token was never judged, so its p, accept_prob and u must be null"
+        if (v.p, v.accept_prob, v.u, v.entropy) != (None, None, None, None):
+            return "a discarded token was never judged, so its p, accept_prob, u and entropy must be null"
     elif not (
         is_prob(v.p) and is_prob(v.accept_prob) and (is_prob(v.u) if sampled else v.u is None or is_prob(v.u))
     ):
         return "a judged token needs p and accept_prob between 0 and 1 (and u, when sampling)"
     return None
+
+
+def _is_entropy(value: object) -> bool:
+    return value is None or (is_num(value) and value >= 0)
