@@ -244,7 +244,7 @@ def test_trees_are_lossless_on_smollm2(smol, specbench):
 def test_a_tree_round_is_drawn_explained_and_labelled(tiny_target):
     from visualize.explain import explain_round
     from visualize.timeline import timeline_html
-    from visualize.tree import tree_figure
+    from visualize.tree import STATE_NAMES, tree_figure
 
     ids = torch.tensor([PROMPTS[0]])
     draft = ModelDraft(tiny_target, 64, "self")  # always right: every round keeps a path
@@ -257,6 +257,9 @@ def test_a_tree_round_is_drawn_explained_and_labelled(tiny_target):
     assert {"accepted path", "tried, refused", "never tried", "last verified"} <= names
     drawn = sum(len(d.x) for d in fig.data if d.name in ("accepted path", "tried, refused", "never tried"))
     assert drawn == len(rnd.tree) and "3 kept" in fig.layout.title.text
+    # Each node as large as the draft was sure of it: q = 1 the largest, a long shot the smallest.
+    sizes = sorted(size for d in fig.data if d.name in STATE_NAMES.values() for size in d.marker.size)
+    assert sizes == sorted(7 + 18 * node.q for node in rnd.tree) and sizes[0] < sizes[-1]
     assert explain_round(rnd, 0).startswith("Round 1: the draft proposed a tree of 7 tokens, up to 3 deep")
     html = timeline_html(trace)
     assert html.count('data-tree-nodes="7"') == sum(1 for r in trace.rounds if r.tree and len(r.tree) == 7)

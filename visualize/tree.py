@@ -1,6 +1,7 @@
 """One round's token tree as a Plotly figure: the accepted path in green, the
 nodes the target tried and refused in red, the ones it never reached in grey,
-and the token it wrote itself at the end of the path."""
+and the token it wrote itself at the end of the path. Each node is sized by the
+draft's probability of its token."""
 
 from __future__ import annotations
 
@@ -78,7 +79,11 @@ def tree_figure(rnd: Round | None, index: int = 0) -> go.Figure:
             mode="markers+text",
             text=[_label(nodes[i].text) for i in chosen],
             textposition="top center",
-            marker={"size": 13, "color": COLORS[state], "line": {"width": 1, "color": "white"}},
+            marker={
+                "size": [node_size(nodes[i]) for i in chosen],
+                "color": COLORS[state],
+                "line": {"width": 1, "color": "white"},
+            },  # fmt: skip
             hovertext=[_hover(nodes[i]) for i in chosen],
             hoverinfo="text",
             name=name,
@@ -99,11 +104,17 @@ def tree_figure(rnd: Round | None, index: int = 0) -> go.Figure:
     kept = sum(n.accepted for n in nodes)
     return _layout(
         fig,
-        f"Round {index + 1}: a tree of {len(nodes)} drafted tokens, {kept} kept",
+        f"Round {index + 1}: a tree of {len(nodes)} drafted tokens, {kept} kept (size: the draft's q)",
         "depth (tokens after the last verified one)",
         "",
         whole_x=True,
     )
+
+
+def node_size(node: TreeNode) -> float:
+    """A node's marker grows with the draft's probability of its token (q, given its parent):
+    the branches the draft was sure of stand out from its long shots."""
+    return 7 + 18 * node.q
 
 
 def _hover(node: TreeNode) -> str:
