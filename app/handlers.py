@@ -17,6 +17,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from decoding.models.loading import layer_count, load_model
 from decoding.models.paths import check_allowed
 from decoding.settings.sampling import Sampling
 from decoding.tools import metrics
+from decoding.tools.compare import compare
 from decoding.tools.probe import probe
 from decoding.tools.prompts import read_prompts
 from decoding.tools.sweep import parse_sizes, sweep, tree_sweep
@@ -39,6 +41,8 @@ from visualize.cards import stats_html
 from visualize.charts import (
     acceptance_vs_k,
     best_k_figure,
+    compare_figure,
+    compare_tokens_figure,
     concurrency_figure,
     per_position_figure,
     speedup_curve,
@@ -51,7 +55,7 @@ from visualize.charts import (
     workload_tokens_per_round,
 )
 from visualize.explain import explain_round_markdown
-from visualize.race import race_html
+from visualize.race import race_html, race_many_html
 from visualize.simulate import simulate_trace
 from visualize.timeline import empty_timeline_html, timeline_html
 from visualize.tree import tree_figure
@@ -69,6 +73,7 @@ TIME_LIMIT_S = float(os.environ.get("SPECLENS_TIME_LIMIT_S", "180"))
 DRAFT_SOURCES = {
     "n-gram (prompt lookup)": "ngram",
     "trained draft head (EAGLE-3)": "head",
+    "n-gram where the text repeats, else the head": "ngram+head",
     "first N layers of the target": "layers",
     "separate draft model": "model",
 }
@@ -266,13 +271,13 @@ SETTINGS = (
 EXPLORE_INPUTS = ("prompt", *SETTINGS, "compare")
 SWEEP_INPUTS = (
     *("prompt", *SETTINGS, "sweep_over", "k_from", "k_to", "tree_sizes", "repeats"),
-    *("workload", "workload_file"),
+    *("workload", "workload_file", "sources"),
 )
 EXPLORE_OUTPUTS = (
     *("timeline", "text", "cards", "charts", "trace_json", "trace_csv"),
     *("trace_state", "round_slider", "sentence", "tree"),
 )
-SWEEP_OVER = ("draft length k", "tree size N (depth k)", "k over a workload")
+SWEEP_OVER = ("draft length k", "tree size N (depth k)", "k over a workload", "draft sources")
 DEV_PROMPTS = ASSETS / "prompts" / "specbench_dev.jsonl"
 WORKLOAD_PER_CATEGORY = 2  # of the dev file, as the benchmarks take them
 MAX_WORKLOAD_PROMPTS = 24  # of an uploaded file: a sweep runs each of them at every k, repeats times
@@ -395,13 +400,18 @@ def check_sweep(settings: dict) -> None:
         config, values, mode = sweep_plan(settings)
         if mode == "workload":
             workload_prompts(settings["workload"], settings["workload_file"])
+        if mode == "sources":
+            for spec in source_specs(settings):
+                prepare(replace(config, draft=spec))
         prepare(config)
 
 
 def sweep_plan(settings: Mapping[str, Any]) -> tuple[RunConfig, list[int], str]:
     """The first run's settings, the values swept, and what over: "k", "trees" or "workload"."""
     lo, hi = sorted((int(settings["k_from"]), int(settings["k_to"])))
-    mode = {SWEEP_OVER[1]: "trees", SWEEP_OVER[2]: "workload"}.get(settings["sweep_over"], "k")
+    mode = {SWEEP_OVER[1]: "trees", SWEEP_OVER[2]: "workload", SWEEP_OVER[3]: "sources"}.get(
+        settings["sweep_over"], "k"
+    )
     # Over trees: each size at the sidebar's k, from the chain up; over k: from lo up.
     fixed = {"policy": "fixed", **({"tree_nodes": 0} if mode == "trees" else {"k": lo})}
     values = parse_sizes(settings["tree_sizes"]) if mode == "trees" else list(range(lo, hi + 1))
@@ -439,6 +449,8 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
         config, values, mode = sweep_plan(settings)
         if mode == "workload":
             return _workload_sweep(settings, config, values, progress, budget)
+        if mode == "sources":
+            return _compare_sources(settings, config, progress, budget)
         name = "N" if mode == "trees" else "k"
 
         def report(done: int, total: int) -> None:
@@ -461,7 +473,51 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
                 str(t.meta.tree_nodes if mode == "trees" else t.meta.policy.k) for t in traces
             )
             summary += f" **{budget() or 'Stopped'}**: only {name} = {finished} finished every repeat."
-        return *figures, table.round(3), _csv(table), summary
+        return *figures, table.round(3), _csv(table), summary, NO_RACE
+
+
+NO_RACE = gr.update(value="", visible=False)
+
+
+def source_specs(settings: Mapping[str, Any]) -> list[str]:
+    """The draft sources ticked for a comparison, as `build_draft` names them; two at least."""
+    chosen = list(settings["sources"] or [])
+    if len(chosen) < 2:
+        raise SpecLensError("tick two draft sources or more to compare them")
+    return [draft_spec(s, settings["n_layers"], settings["draft_model"]) for s in chosen]
+
+
+def _compare_sources(settings: dict, config: RunConfig, progress: gr.Progress, budget: RunBudget):
+    specs = source_specs(settings)
+
+    def report(done: int, total: int) -> None:
+        text = f"{specs[done % len(specs)]} (run {done + 1} of {total})"
+        progress(done / total, desc=text if done < total else "done")
+
+    traces, table = compare(config, specs, report, budget, int(settings["repeats"]))
+    summary = compare_summary(table, traces)
+    if len(traces) < len(specs):
+        summary += f" **{budget() or 'Stopped'}**: only {', '.join(t.meta.draft for t in traces)} finished every repeat."
+    race = gr.update(value=race_many_html(traces), visible=True)
+    return compare_figure(table), compare_tokens_figure(table), table.round(3), _csv(table), summary, race
+
+
+def compare_summary(table, traces: list[Trace]) -> str:
+    """The fastest source, starred only beyond the spread of the repeats, and what the outputs show."""
+    repeats = int(table["repeats"].min())
+    best = table[table["best"]]
+    top = table.loc[table["speedup"].idxmax()]
+    if best.empty:
+        why = "measured once" if repeats == 1 else f"within another's spread over {repeats} repeats"
+        head = f"**No clear best source**: the fastest, {top['draft']} at ×{top['speedup']:.2f}, is {why}"
+    else:
+        row = best.iloc[0]
+        head = (
+            f"**Fastest: {row['draft']}**, ×{row['speedup']:.2f} over plain decoding "
+            f"(×{row['speedup_low']:.2f}–{row['speedup_high']:.2f} over {repeats} repeats), "
+            f"{row['tokens_per_round']:.2f} tokens per round"
+        )
+    return f"{head}; {sweep_agreement(traces)}."
 
 
 def _workload_sweep(
@@ -479,7 +535,14 @@ def _workload_sweep(
     summary = workload_summary(table, len(rows), len(ks), repeats, config.sampling.greedy)
     if budget():
         summary += f" **{budget()}**: the table holds the prompts and k that finished every repeat."
-    return workload_curve(table), workload_tokens_per_round(table), table.round(3), _csv(table), summary
+    return (
+        workload_curve(table),
+        workload_tokens_per_round(table),
+        table.round(3),
+        _csv(table),
+        summary,
+        NO_RACE,
+    )
 
 
 def _csv(table) -> str:

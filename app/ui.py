@@ -228,8 +228,8 @@ def sweep_tab(settings: dict) -> None:
     prompt of a workload for every k."""
     gr.Markdown(
         "Runs one prompt for every k in the range, or for every tree size at the sidebar's k, or every "
-        "prompt of a workload for every k (per category: how much sooner its prompts all finish), "
-        "with the models and sampling set on the left. Each setting runs *Repeats* times, each time "
+        "prompt of a workload for every k (per category: how much sooner its prompts all finish), or one "
+        "prompt with each ticked draft source (then races them), with the models and sampling set on the left. Each setting runs *Repeats* times, each time "
         "right after a plain run of its own, the settings taking turns: the chart shows the median "
         "and, as bars, the lowest and highest."
     )
@@ -259,6 +259,12 @@ def sweep_tab(settings: dict) -> None:
             file_types=[".jsonl"],
             elem_id="workload-file",
         )
+    inputs["sources"] = gr.CheckboxGroup(
+        list(h.DRAFT_SOURCES),
+        value=list(h.DRAFT_SOURCES)[:3],
+        label="Draft sources (draft sources: each against plain runs of its own; N and the model from the left)",
+        elem_id="sources",
+    )
     with gr.Row():
         button = gr.Button("Sweep", variant="primary", elem_id="sweep")
         stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
@@ -266,9 +272,10 @@ def sweep_tab(settings: dict) -> None:
     with gr.Row():
         speedup_plot = gr.Plot(show_label=False, elem_id="speedup-plot")
         accept_plot = gr.Plot(show_label=False)
-    table = gr.Dataframe(label="Per k", interactive=False)
+    race = gr.HTML(visible=False, elem_id="sweep-race")
+    table = gr.Dataframe(label="Per setting", interactive=False, elem_id="sweep-table")
     csv = gr.File(label="Sweep CSV")
-    outputs = [speedup_plot, accept_plot, table, csv, summary]
+    outputs = [speedup_plot, accept_plot, table, csv, summary, race]
     _while_running(
         button, stop, (h.check_sweep, h.run_sweep), _wire(inputs, h.SWEEP_INPUTS), outputs, "sweep"
     )

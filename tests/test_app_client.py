@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def sweep_args(prompt=PROMPT, **over):
         "repeats": 2,
         "workload": "Spec-Bench dev: every category",
         "workload_file": None,
+        "sources": ["n-gram (prompt lookup)", "trained draft head (EAGLE-3)"],
         **args,
     }
 
@@ -217,7 +219,8 @@ def test_two_sessions_get_their_own_traces(live_app):
 
 
 def test_sweep(client):
-    speedup, acceptance, table, csv_path, summary = client.predict(**sweep_args(), api_name="/sweep")
+    speedup, acceptance, table, csv_path, summary, race = client.predict(**sweep_args(), api_name="/sweep")
+    assert race["visible"] is False
     assert [row[0] for row in table["data"]] == [1, 2, 3]
     names = [d.get("name") for d in figure_json(speedup)["data"]]
     assert {"measured", "Leviathan (V = 1 step)", "measured verify cost"} <= set(names)
@@ -240,7 +243,7 @@ def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
     assert "a tree of" in sentence
     names = {d.get("name") for d in figure_json(tree["value"])["data"]}  # shown: a tree round
     assert "accepted path" in names and "last verified" in names
-    speedup, cost, table, csv_path, summary = client.predict(
+    speedup, cost, table, csv_path, summary, _ = client.predict(
         **sweep_args(sweep_over="tree size N (depth k)", tree_sizes="4, 0", k=3), api_name="/sweep"
     )
     assert [row[0] for row in table["data"]] == [0, 4] and (
@@ -253,7 +256,7 @@ def test_a_tree_run_draws_its_tree_and_the_sweep_sweeps_tree_sizes(client):
 
 def test_the_sweep_sweeps_k_over_a_workload_per_category(client, tmp_path):
     over = dict(sweep_over="k over a workload", k_from=1, k_to=2, repeats=1, max_new_tokens=6)
-    speedup, tokens, table, csv_path, summary = client.predict(
+    speedup, tokens, table, csv_path, summary, _ = client.predict(
         **sweep_args(workload="Spec-Bench dev: translation", **over), api_name="/sweep"
     )
     assert [(row[0], row[1], row[2]) for row in table["data"]] == [
@@ -264,13 +267,30 @@ def test_the_sweep_sweeps_k_over_a_workload_per_category(client, tmp_path):
     assert Path(csv_path).read_text().startswith("category,k,prompts")
     mine = tmp_path / "mine.jsonl"
     mine.write_text('{"prompt": "Say hi.", "category": "greetings"}\n{"prompt": "Count to three."}\n')
-    *_, table, _, summary = client.predict(
+    *_, table, _, summary, _ = client.predict(
         **sweep_args(workload_file=handle_file(str(mine)), **over), api_name="/sweep"
     )
     assert {row[0] for row in table["data"]} == {"greetings", "all"} and "3 k" not in summary
     mine.write_text('{"prompt": "Say hi."}\nnot json\n')
     with pytest.raises(Exception, match="mine.jsonl:2"):
         client.predict(**sweep_args(workload_file=handle_file(str(mine)), **over), api_name="/sweep")
+
+
+def test_the_sweep_compares_draft_sources_and_races_them(client):
+    sources = [
+        "n-gram (prompt lookup)",
+        "trained draft head (EAGLE-3)",
+        "n-gram where the text repeats, else the head",
+    ]
+    over = dict(sweep_over="draft sources", sources=sources, repeats=1, max_new_tokens=12)
+    speedup, tokens, table, csv_path, summary, race = client.predict(**sweep_args(**over), api_name="/sweep")
+    assert [row[0] for row in table["data"]] == ["ngram", "head", "ngram+head"]
+    assert "all identical to plain decoding ✓" in summary and "No clear best source" in summary  # one repeat
+    lanes = re.findall(r'data-lane="([^"]+)"', race["value"])
+    assert lanes == ["plain", "ngram", "head", "ngram+head"] and race["visible"] is True
+    assert Path(csv_path).read_text().startswith("draft,acceptance_rate")
+    with pytest.raises(Exception, match="tick two draft sources or more"):
+        client.predict(**sweep_args(**(over | {"sources": sources[:1]})), api_name="/sweep")
 
 
 def test_theory_and_simulate(client):

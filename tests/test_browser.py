@@ -141,6 +141,31 @@ def test_sweep_k_over_a_workload(page):
     page.screenshot(path=ARTIFACTS / "sweep-workload.png", full_page=True)
 
 
+def test_sweep_compares_three_draft_sources_and_races_them(page):
+    page.get_by_role("tab", name="Sweep").click()
+    page.get_by_role("radio", name="draft sources").check()
+    set_number(page, "repeats", 1)
+    page.click("#sweep")
+    page.wait_for_function(
+        "/best source|Fastest/.test(document.querySelector('#sweep-summary').innerText)", timeout=LONG
+    )
+    page.wait_for_function(
+        "document.querySelector('#sweep-table').textContent.includes('ngram+head')", timeout=30_000
+    )
+    text = page.evaluate("document.querySelector('#sweep-table').textContent")
+    rows = re.findall(r"\s(ngram\+head|ngram|head)\s+\d", text)  # a row: its source, then its figures
+    assert rows == ["ngram", "head", "ngram+head"], text
+    lanes = page.locator("#sweep-race .sl-lane").evaluate_all("els => els.map(e => e.dataset.lane)")
+    assert lanes == ["plain", "ngram", "head", "ngram+head"]
+    page.click("#sweep-race .sl-race-play")
+    page.wait_for_function(
+        "document.querySelector('#sweep-race .sl-race').dataset.done === '1'", timeout=30_000
+    )
+    counts = page.locator("#sweep-race .sl-lane-count").all_inner_texts()
+    assert len(set(counts)) == 1 and int(counts[0]) > 0  # every lane wrote every token in the end
+    page.screenshot(path=ARTIFACTS / "sweep-sources.png", full_page=True)
+
+
 def test_explore_steps_through_each_round_stage_by_stage(page):
     """The example run, built up one stage at a time: next and previous move one stage, the arrow
     keys too, and "show all" gives back every round."""

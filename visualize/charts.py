@@ -221,6 +221,38 @@ def workload_curve(table: pd.DataFrame) -> go.Figure:
                    "speedup (×)", whole_x=True)  # fmt: skip
 
 
+def compare_figure(table: pd.DataFrame) -> go.Figure:
+    """Each draft source's median speedup over plain decoding, bars from its lowest to its highest
+    repeat; the clear best starred in its name."""
+    names = [
+        f"★ {d}" if best else d for d, best in zip(table["draft"], table.get("best", [False] * len(table)))
+    ]
+    fig = go.Figure(
+        go.Bar(
+            x=names,
+            y=table["speedup"],
+            marker_color=COLORS["accepted"],
+            error_y={
+                "type": "data",
+                "symmetric": False,
+                "array": table["speedup_high"] - table["speedup"],
+                "arrayminus": table["speedup"] - table["speedup_low"],
+            },  # fmt: skip
+            text=[f"×{x:.2f}" for x in table["speedup"]],
+        )
+    )
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    return _layout(fig, "Speedup over plain decoding by draft source", "draft source", "speedup (×)")
+
+
+def compare_tokens_figure(table: pd.DataFrame) -> go.Figure:
+    fig = go.Figure(go.Bar(x=table["draft"], y=table["tokens_per_round"], marker_color=COLORS["bonus"],
+                           text=[f"c = {c:.2f}" for c in table["draft_cost"]]))  # fmt: skip
+    return _layout(
+        fig, "Tokens per round (label: draft cost c in target steps)", "draft source", "tokens per round"
+    )
+
+
 def workload_tokens_per_round(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for category, part in table.groupby("category", sort=False):

@@ -47,13 +47,29 @@ def race_html(trace: Trace | None) -> str:
         "speculative": list(zip(trace.token_times_s(), spec_tokens(trace), strict=False)),
         "plain": list(zip(trace.baseline.token_times_s, plain_tokens(trace), strict=False)),
     }
+    return _race(lanes, "The measured run and its plain comparison")
+
+
+def race_many_html(traces: list[Trace]) -> str:
+    """A lane per draft source's run and one for plain decoding (the first run's own plain run):
+    each source's measured times, raced at once."""
+    timed = [t for t in traces if t.baseline is not None and t.rounds]
+    if not timed:
+        return ""
+    lanes = {"plain": list(zip(timed[0].baseline.token_times_s, plain_tokens(timed[0]), strict=False))}
+    for t in timed:
+        lanes[t.meta.draft] = list(zip(t.token_times_s(), spec_tokens(t), strict=False))
+    return _race(lanes, "Each source's measured run (its median repeat) and plain decoding")
+
+
+def _race(lanes: dict[str, list[tuple[float, str]]], what: str) -> str:
     data = escape(json.dumps({name: [[round(t, 4), x] for t, x in lane] for name, lane in lanes.items()}))
     speeds = "".join(
         f'<button class="sl-race-speed{" sl-on" if s == 1 else ""}" data-slow="{s}">×{s}</button>'
         for s in SLOW_MOTION
     )
     rows = "".join(
-        f'<div class="sl-lane" data-lane="{name}"><div class="sl-lane-head">{name}'
+        f'<div class="sl-lane" data-lane="{escape(name, quote=True)}"><div class="sl-lane-head">{escape(name)}'
         f' · <span class="sl-lane-count">0</span> tokens</div><div class="sl-lane-text"></div></div>'
         for name in lanes
     )
@@ -63,6 +79,5 @@ def race_html(trace: Trace | None) -> str:
         f'<span class="sl-race-speeds">slow motion {speeds}</span>'
         '<span class="sl-race-clock">0.00 s</span></div>'
         f"{rows}"
-        '<div class="sl-caption">The measured run and its plain comparison replayed at the times each '
-        "token was ready (not a simulation).</div></div>"
+        f'<div class="sl-caption">{escape(what)} replayed at the times each token was ready (not a simulation).</div></div>'
     )
