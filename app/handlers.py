@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import typing
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,8 @@ import gradio as gr
 from decoding import costmodel
 from decoding.api import RunConfig, compare_with_plain, iter_generate, prepare
 from decoding.core.budget import RunBudget
+from decoding.core.proposal import Draft
+from decoding.drafts.suffix import SuffixCorpus, SuffixDraft
 from decoding.errors import SpecLensError
 from decoding.models.loading import layer_count, load_model
 from decoding.models.paths import check_allowed
@@ -74,6 +77,7 @@ DRAFT_SOURCES = {
     "n-gram (prompt lookup)": "ngram",
     "trained draft head (EAGLE-3)": "head",
     "n-gram where the text repeats, else the head": "ngram+head",
+    "suffix decoding (this session's runs)": "suffix",
     "first N layers of the target": "layers",
     "separate draft model": "model",
 }
@@ -301,7 +305,7 @@ def run_explore(settings: dict, request: gr.Request = None):
     rest = [gr.skip()] * (len(EXPLORE_OUTPUTS) - 3 + CHARTS)  # all but the timeline and the text
     with user_errors(), session_budget(request) as budget:
         config = make_config(settings)
-        trace = yield from _stream_rounds(config, budget, rest)
+        trace = yield from _stream_rounds(config, budget, rest, session_draft(config, request))
         if settings["compare"] and not trace.meta.stopped:
             yield [timeline_html(trace), trace.output.text + "\n\n(decoding plainly to compare…)", *rest]
             compare_with_plain(trace, config, budget)
@@ -353,7 +357,7 @@ def example_run() -> list:
     return [*explore_views(trace), status]
 
 
-def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list) -> Iterator[list]:
+def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list, draft: Draft | None) -> Iterator[list]:
     """The timeline as the rounds come; returns the finished trace.
 
     Rounds run as the page asks for them: when it goes away Gradio stops asking and the run ends.
@@ -361,13 +365,33 @@ def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list) -> Iterator
     fifth of the time (and 0.15 s apart at most often: the browser needs no more).
     """
     shown = wait = 0.0
-    for trace in iter_generate(config, budget):
+    for trace in iter_generate(config, budget, draft):
         if time.perf_counter() - shown > max(0.15, 4 * wait):
             sent = time.perf_counter()
             yield [timeline_html(trace), "…", *rest]
             shown = time.perf_counter()
             wait = shown - sent
     return trace
+
+
+SESSION_CORPORA: OrderedDict[str, SuffixCorpus] = OrderedDict()
+MAX_SESSIONS = 32  # corpora kept; the least recently used session's goes first
+SESSION_CORPUS_TOKENS = 50_000
+_corpora_lock = threading.Lock()
+
+
+def session_draft(config: RunConfig, request: gr.Request | None) -> Draft | None:
+    """Suffix decoding over this visitor's own earlier runs only: drafts show their tokens, so one
+    visitor's text must never reach another's (the command line's corpus is the process's)."""
+    if config.draft != "suffix":
+        return None
+    key = getattr(request, "session_hash", None) or "anonymous"
+    with _corpora_lock:
+        corpus = SESSION_CORPORA.pop(key, None) or SuffixCorpus(SESSION_CORPUS_TOKENS)
+        SESSION_CORPORA[key] = corpus
+        while len(SESSION_CORPORA) > MAX_SESSIONS:
+            SESSION_CORPORA.popitem(last=False)
+    return SuffixDraft(corpus)
 
 
 def race_view(trace_dict: dict | None) -> str:
@@ -417,7 +441,16 @@ def sweep_plan(settings: Mapping[str, Any]) -> tuple[RunConfig, list[int], str]:
     values = parse_sizes(settings["tree_sizes"]) if mode == "trees" else list(range(lo, hi + 1))
     if mode == "workload":  # each run names its own prompt; the box's may be empty
         fixed["prompt"] = "-"
-    return make_config(settings | fixed), values, mode
+    config = make_config(settings | fixed)
+    if config.draft == "suffix" and mode != "sources":
+        raise SpecLensError(SUFFIX_IN_EXPLORE)
+    return config, values, mode
+
+
+SUFFIX_IN_EXPLORE = (
+    "suffix decoding learns from this session's earlier runs, which a sweep would mix up: "
+    "try it in Explore (run a prompt twice), or with `python -m decoding compare --drafts suffix,…`"
+)
 
 
 def workload_choices() -> list[str]:
@@ -484,6 +517,8 @@ def source_specs(settings: Mapping[str, Any]) -> list[str]:
     chosen = list(settings["sources"] or [])
     if len(chosen) < 2:
         raise SpecLensError("tick two draft sources or more to compare them")
+    if any(DRAFT_SOURCES.get(s) == "suffix" for s in chosen):
+        raise SpecLensError(SUFFIX_IN_EXPLORE)
     return [draft_spec(s, settings["n_layers"], settings["draft_model"]) for s in chosen]
 
 

@@ -184,15 +184,18 @@ def untraced(run: PreparedRun) -> Trace:
     )
 
 
-def iter_generate(config: RunConfig, should_stop: StopCheck | None = None) -> Iterator[Trace]:
+def iter_generate(
+    config: RunConfig, should_stop: StopCheck | None = None, draft: Draft | None = None
+) -> Iterator[Trace]:
     """Load (once), then decode speculatively: the trace after each round, and
     the finished one last (output text set, compared with plain decoding when
-    `config.baseline` asks and the run was not stopped).
+    `config.baseline` asks and the run was not stopped). `draft`, when given,
+    drafts instead of the one `config.draft` names (the app's per-session suffix corpus).
 
     A run that `should_stop` ends early keeps its rounds and says why in
     `meta.stopped`.
     """
-    for trace in iter_speculative(prepare(config), should_stop):
+    for trace in iter_speculative(prepare(config, draft), should_stop):
         yield trace
     if config.baseline and not trace.meta.stopped:
         compare_with_plain(trace, config, should_stop)

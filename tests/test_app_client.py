@@ -293,6 +293,27 @@ def test_the_sweep_compares_draft_sources_and_races_them(client):
         client.predict(**sweep_args(**(over | {"sources": sources[:1]})), api_name="/sweep")
 
 
+def test_suffix_decoding_learns_from_this_sessions_runs_only(client, live_app):
+    """The second run of a prompt drafts from the first one's output; another visitor's first run
+    does not: each session has its own corpus."""
+    from gradio_client import Client
+
+    suffix = dict(draft_source="suffix decoding (this session's runs)", max_new_tokens=32, compare=False)
+    prompt = "Write two sentences about a lighthouse keeper and her cat."
+
+    def run(c) -> Trace:
+        *_, json_path, _, _, _, _ = c.predict(**generate_args(prompt, **suffix), api_name="/generate")
+        return Trace.load(json_path)
+
+    first, second = run(client), run(client)
+    assert first.output.token_ids == second.output.token_ids and second.meta.draft == "suffix"
+    assert second.totals.tokens_per_round > first.totals.tokens_per_round + 1
+    other = run(Client(live_app, analytics_enabled=False, verbose=False))
+    assert other.totals.accepted == first.totals.accepted  # nothing of the first visitor's run
+    with pytest.raises(Exception, match="suffix decoding learns from this session's earlier runs"):
+        client.predict(**sweep_args(draft_source="suffix decoding (this session's runs)"), api_name="/sweep")
+
+
 def test_theory_and_simulate(client):
     fig, text = client.predict(0.8, 0.0, 0.0, 10, api_name="/theory")
     assert "γ = 10" in text  # free drafts and free verification: longer is always better
