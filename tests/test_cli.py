@@ -236,6 +236,7 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
         assert set(row) == {"step_ms", "verify_ratio", "limit_ms", "step_over_limit"}
         assert row["step_ms"] > 0 and row["limit_ms"] > 0 and row["step_over_limit"] > 0
         assert row["verify_ratio"] == pytest.approx(row["step_ms"] / data["1"]["step_ms"], rel=0.01)
+    assert data["kernel"]["build"] in ("native", "portable", "none")  # which build ran, and its choices
     what_if = data["concurrency"]
     assert what_if["alpha"] == 0.7 and set(what_if["speedup_by_k"]) == {"1", "2", "3", "4", "5", "6"}
     assert set(what_if["speedup_by_k"]["3"]) == {"1", "2", "4", "8", "16", "32", "64"}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -286,3 +290,24 @@ def test_the_default_cpu_mode_is_the_kernel_and_the_lean_pass(smol):
     assert torch.equal(forward(smol.model, check, ours), _hf_logits(smol.model, check, theirs))
     step = torch.tensor([[1, 2, 3, 4, 5]])
     assert torch.equal(forward(smol.model, step, ours), _hf_logits(smol.model, step, theirs))
+
+
+@pytest.mark.skipif(
+    os.environ.get("SPECLENS_KERNEL_BUILD") == "portable", reason="already the portable build"
+)
+def test_the_portable_build_keeps_every_equality():
+    """The kernel's bit-for-bit tests, rerun with the portable build forced: what an ARM laptop or an
+    x86 without AVX2/FMA compiles (the compiler's generic vectors, no intrinsics)."""
+    env = os.environ | {"SPECLENS_KERNEL_BUILD": "portable"}
+    tests = [
+        "test_the_kernel_computes_a_linear_layer",
+        "test_a_rows_result_does_not_depend_on_its_batch_or_on_the_other_weight_rows",
+        "test_the_layer_kernel_gives_a_token_the_same_bits_alone_and_checked_with_others",
+        "test_greedy_stays_lossless_on_the_kernel_path[0]",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *(f"{__file__}::{t}" for t in tests)],
+        env=env, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout

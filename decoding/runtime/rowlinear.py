@@ -15,9 +15,13 @@ verification agree exactly. Every loop (plain, speculative, Hugging Face's
 `generate` in the benchmark) runs the same modules, so speedups stay honest.
 
 The kernel is compiled once per machine with the system's C++ compiler
-(about a second) into the cache folder. Without a compiler, or without AVX2
-and FMA, the model keeps its linear layers and only the output layer is
-packed for oneDNN (`packed.py`). SPECLENS_KERNEL=0 turns the kernel off.
+(about a second) into the cache folder: for this CPU (`-march=native`) where
+it has AVX2 and FMA, else the portable build, the same algorithm in the
+compiler's generic vectors (any CPU: an ARM laptop, an older x86), whose
+results are batch-independent too. SPECLENS_KERNEL_BUILD=portable forces the
+portable build (the tests run it here). Without a compiler the model keeps
+its linear layers and only the output layer is packed for oneDNN
+(`packed.py`). SPECLENS_KERNEL=0 turns the kernel off.
 """
 
 from __future__ import annotations
@@ -40,16 +44,26 @@ KERNELS = Path(__file__).parent / "kernels"
 SOURCES = (KERNELS / "rowlinear.cpp", KERNELS / "layer.cpp")  # layer.cpp: llama.py's decoder layer
 # -ffp-contract=off: no fused multiply-adds but the kernels' own, so the
 # elementwise parts round as torch's ops do.
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+COMMON = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = {"native": ("-march=native", *COMMON), "portable": ("-DSPECLENS_PORTABLE", *COMMON)}
 
 
-def _build(compiler: str, out: Path) -> None:
+def kernel_build() -> str:
+    """ "native" on an x86 CPU with AVX2 and FMA, else "portable"; SPECLENS_KERNEL_BUILD chooses."""
+    forced = os.environ.get("SPECLENS_KERNEL_BUILD", "")
+    if forced in FLAGS:
+        return forced
+    flags = set(cpu_info()["flags"].split())
+    return "native" if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= flags else "portable"
+
+
+def _build(compiler: str, flags: tuple[str, ...], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     # Built beside its final name and renamed, so concurrent first runs never load half a file.
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
         subprocess.run(
-            [compiler, *FLAGS, *map(str, SOURCES), "-o", str(part)],
+            [compiler, *flags, *map(str, SOURCES), "-o", str(part)],
             check=True,
             capture_output=True,
             timeout=120,
@@ -59,17 +73,18 @@ def _build(compiler: str, out: Path) -> None:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where it cannot be (no compiler, no AVX2/FMA, not x86)."""
+    """The compiled kernel (`kernel_build()`'s), built on first use; None where it cannot be (no compiler)."""
     compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if os.environ.get("SPECLENS_KERNEL", "1") == "0" or compiler is None or platform.machine() != "x86_64":
+    if os.environ.get("SPECLENS_KERNEL", "1") == "0" or compiler is None:
         return None
+    build = kernel_build()
     try:
         sources = b"".join(p.read_bytes() for p in (*SOURCES, KERNELS / "rows.h"))
         # -march=native: a binary for this CPU, so the CPU's flags are part of its name.
-        key = hashlib.sha256(sources + " ".join(FLAGS).encode() + cpu_info()["flags"].encode())
-        path = cache_dir() / "kernels" / f"rowlinear-{key.hexdigest()[:16]}.so"
+        key = hashlib.sha256(sources + " ".join(FLAGS[build]).encode() + cpu_info()["flags"].encode())
+        path = cache_dir() / "kernels" / f"rowlinear-{build}-{key.hexdigest()[:16]}.so"
         if not path.exists():
-            _build(compiler, path)
+            _build(compiler, FLAGS[build], path)
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError):
         return None
@@ -82,10 +97,29 @@ def library() -> ctypes.CDLL | None:
         "silu_rows": [ptr, ptr, i64],
         "attention": [ptr],
         "llama_layers": [ptr, ptr, i64, ptr],
+        "rowlinear_settings": [ptr],
     }.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = None
     return lib
+
+
+SETTINGS = ("vector_width", "weight_rows_per_block", "input_rows_per_block", "prefetch_weight_rows_ahead",
+            "panel_tile_rows", "panel_tiles", "panel_chunk_steps", "panel_prefetch_chunks_ahead")  # fmt: skip
+
+
+def kernel_choices() -> dict:
+    """Which build runs and its fixed choices (rows.h), for the probe; {"build": "none"} without one."""
+    lib = library()
+    if lib is None:
+        return {"build": "none"}
+    values = (ctypes.c_int64 * len(SETTINGS))()
+    lib.rowlinear_settings(values)
+    return {
+        "build": kernel_build(),
+        "flags": " ".join(FLAGS[kernel_build()][:1]),
+        **dict(zip(SETTINGS, values)),
+    }
 
 
 def row_linear(

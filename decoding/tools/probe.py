@@ -18,7 +18,7 @@ import torch
 from .. import costmodel
 from ..models.loading import LoadedModel
 from ..runtime.forward import crop, forward, new_cache
-from ..runtime.rowlinear import RowLinear
+from ..runtime.rowlinear import RowLinear, kernel_choices
 
 ROWS = (1, 2, 3, 5, 9, 17, 32, 64)  # 32 and 64: what several requests decoded together check
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
@@ -131,6 +131,7 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
         "dtype": str(target.dtype).removeprefix("torch."),
         "device": str(target.device),
         "row_kernel": target.row_kernel,
+        "kernel": kernel_choices() if target.row_kernel else {"build": "none"},
         "packed_output_layer": target.packed,
         "weight_bytes": weight_bytes,
         "bandwidth_gbs": round(bandwidth, 2),

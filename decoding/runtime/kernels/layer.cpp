@@ -39,7 +39,40 @@ static void rmsnorm_row(const float* x, const float* w, float* y, int64_t D, flo
   for (int64_t t = 0; t < D; t++) y[t] = w[t] * (x[t] * inv);
 }
 
-#if defined(__AVX512F__)
+#if defined(SPECLENS_PORTABLE)
+typedef int32_t ivec __attribute__((vector_size(32)));
+static inline vec vadd(vec a, vec b) { return a + b; }
+static inline vec vsub(vec a, vec b) { return a - b; }
+static inline vec vmul(vec a, vec b) { return a * b; }
+static inline vec vdiv(vec a, vec b) { return a / b; }
+// As the x86 instructions do: the second operand where the comparison fails (a NaN included).
+static inline vec vmax(vec a, vec b) {
+  vec r;
+  for (int i = 0; i < kWidth; i++) r[i] = a[i] > b[i] ? a[i] : b[i];
+  return r;
+}
+static inline vec vclamp(vec a, float lo, float hi) {
+  vec r;
+  for (int i = 0; i < kWidth; i++) r[i] = std::min(std::max(a[i], lo), hi);
+  return r;
+}
+static inline vec vfloor(vec a) {
+  vec r;
+  for (int i = 0; i < kWidth; i++) r[i] = std::floor(a[i]);
+  return r;
+}
+static inline vec vpow2(vec n) {  // 2^n for whole n in [-126, 127], built from its exponent bits
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  vec r;
+  __builtin_memcpy(&r, &bits, sizeof r);
+  return r;
+}
+static inline vec vzero_below(vec x, float lo, vec y) {
+  vec r;
+  for (int i = 0; i < kWidth; i++) r[i] = x[i] >= lo ? y[i] : 0.f;
+  return r;
+}
+#elif defined(SPECLENS_AVX512)
 static inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 static inline vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
 static inline vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
@@ -147,7 +180,7 @@ static float max_of(const float* x, int64_t n) {
   return m;
 }
 
-#if defined(__AVX512F__)
+#if defined(SPECLENS_AVX512)
 // The sums of 16 vectors at once: lane 4 q + l holds the sum of a[q + 4 l].
 // Lanes are paired at the distances vsum pairs them (8, 4, 2, 1), so each
 // sum has vsum's bits, for a quarter of the shuffles.
@@ -196,7 +229,7 @@ static int64_t dots_by16(const float* q, const float* k, int64_t k_stride, int64
 static void scores_row(const float* q, const float* k, int64_t k_stride, int64_t d, float scale, int64_t seen,
                        const uint8_t* allowed, const float* add, float* scores) {
   int64_t j = 0;
-#if defined(__AVX512F__)
+#if defined(SPECLENS_AVX512)
   switch (d) {  // 64 and 128 are the common sizes; 16 and 32, the tests' tiny models'
     case 16: j = dots_by16<1>(q, k, k_stride, seen, scores); break;
     case 32: j = dots_by16<2>(q, k, k_stride, seen, scores); break;

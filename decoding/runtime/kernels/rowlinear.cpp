@@ -1,10 +1,18 @@
 // The linear layers' product for a handful of rows (rows.h has the why and
 // the how); decoding/rowlinear.py calls it for every float32 linear layer.
+#include <iterator>
 #include <vector>
 
 #include "rows.h"
 
 extern "C" int rowlinear_width() { return kWidth; }
+
+// The build's fixed choices, for the probe to print: vector width, weight rows and input rows per
+// block, weight rows prefetched ahead; the panels' tile rows, tiles, chunk steps, chunks prefetched ahead.
+extern "C" void rowlinear_settings(int64_t* out) {
+  const int64_t settings[] = {kWidth, kRowsOfW, kRowsOfX, kPrefetch, kTileRows, kTiles, kChunk, kAhead};
+  std::copy(std::begin(settings), std::end(settings), out);
+}
 
 // x [M, K], w [N, K], b [N] or null, y [M, N]; all float32, contiguous; K a multiple of the width.
 extern "C" void rowlinear(const float* x, const float* w, const float* b, float* y, int64_t M,

@@ -18,18 +18,44 @@
 // else is in the batch, so plain decoding (1 row) and verification (k+1
 // rows) agree bit for bit, and a fused q/k/v product equals the three.
 #pragma once
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 
+#if defined(SPECLENS_PORTABLE)
+// The same algorithm in the compiler's own vectors (GCC and Clang vector extensions), for any CPU:
+// an ARM laptop, an x86 without AVX2 and FMA. Multiplies and adds round apart (no fused
+// multiply-add), so its bits differ from the x86 builds' but, as theirs, never with the batch.
+typedef float vec __attribute__((vector_size(32)));
+static const int kWidth = 8;
+static inline vec vzero() { return vec{}; }
+static inline vec vload(const float* p) {
+  vec v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+static inline vec vfma(vec a, vec b, vec c) { return a * b + c; }
+static inline vec vset(float a) { return vec{} + a; }
+static inline void vstore(float* p, vec a) { __builtin_memcpy(p, &a, sizeof a); }
+// The AVX2 build's pairing: lanes 4 apart, then 2, then 1.
+static inline float vsum(vec a) {
+  const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+  return (t0 + t2) + (t1 + t3);
+}
+static inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
+static inline void spin_pause() {}
+#else
+#include <immintrin.h>
 #if !defined(__AVX2__) || !defined(__FMA__)
-#error "needs AVX2 and FMA"
+#error "needs AVX2 and FMA, or -DSPECLENS_PORTABLE"
 #endif
+static inline void prefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
+static inline void spin_pause() { _mm_pause(); }
 
 #if defined(__AVX512F__)
+#define SPECLENS_AVX512 1  // the 16-lane build: the sections below that need it test this
 typedef __m512 vec;
 static const int kWidth = 16;
 static inline vec vzero() { return _mm512_setzero_ps(); }
@@ -59,6 +85,7 @@ static inline float vsum(vec a) {
   t = _mm_add_ss(t, _mm_movehdup_ps(t));
   return _mm_cvtss_f32(t);
 }
+#endif  // SPECLENS_PORTABLE
 
 static const int kRowsOfW = 4;   // weight rows per block
 static const int kRowsOfX = 6;   // input rows held in registers at once
@@ -81,7 +108,7 @@ static inline void block(const float* x, const float* w, const float* b, const f
     vec wv[NB];
     for (int j = 0; j < NB; j++) wv[j] = vload(wr + j * K + k);
     if (m0 == 0)  // one cache line of each coming row per step (a hint: past the end is harmless)
-      for (int j = 0; j < NB; j++) _mm_prefetch((const char*)(wr + (kPrefetch + j) * K + k), _MM_HINT_T1);
+      for (int j = 0; j < NB; j++) prefetch_l2(wr + (kPrefetch + j) * K + k);
     for (int i = 0; i < MB; i++) {
       vec xv = vload(xr + i * K + k);
       for (int j = 0; j < NB; j++) acc[j][i] = vfma(wv[j], xv, acc[j][i]);
@@ -150,7 +177,7 @@ static inline int64_t panel_columns(int64_t N) {
   const int64_t panels = (N + wide - 1) / wide;
   return panels % 2 == 1 && panels < 16 && N % narrow == 0 ? narrow : wide;
 }
-#if defined(__AVX512F__)
+#if defined(SPECLENS_AVX512)
 static const int kTileRows = 6;  // 24 accumulators of 32 registers
 #else
 static const int kTileRows = 2;  // 8 of 16
@@ -173,7 +200,7 @@ static inline void panel_tile(const float* x, const float* p, vec* buf, int64_t 
     vec wv[V];
     for (int v = 0; v < V; v++) wv[v] = vload(pk + v * kWidth);
     if (tiles > 1 && turn == 0)  // a hint: past the end is harmless
-      for (int v = 0; v < V; v++) _mm_prefetch((const char*)(pk + (kAhead * kChunk * V + v) * kWidth), _MM_HINT_T1);
+      for (int v = 0; v < V; v++) prefetch_l2(pk + (kAhead * kChunk * V + v) * kWidth);
     if (--turn < 0) turn = tiles - 1;
     for (int i = 0; i < R; i++) {
       const vec xv = vset(x[i * K + k]);
@@ -190,7 +217,7 @@ static inline void panel_tile_rows(int rows, const float* x, const float* p, vec
   switch (rows) {
     case 1: panel_tile<1, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
     case 2: panel_tile<2, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
-#if defined(__AVX512F__)
+#if defined(SPECLENS_AVX512)
     case 3: panel_tile<3, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
     case 4: panel_tile<4, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
     case 5: panel_tile<5, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
@@ -270,7 +297,7 @@ static inline int64_t claim(Share& s, uint64_t product, bool front) {
   uint64_t w = s.word.load(std::memory_order_acquire);
   for (;;) {
     if (w >> 40 != product) {  // its owner has not reached this product yet
-      _mm_pause();
+      spin_pause();
       w = s.word.load(std::memory_order_acquire);
       continue;
     }
