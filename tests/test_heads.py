@@ -479,3 +479,14 @@ def test_the_shipped_head_is_lossless_on_smollm2(smol):
             assert trace.output.token_ids == expected, f"k={k}"
             accepted += trace.totals.accepted
     assert accepted > 10  # a trained head keeps some of its drafts
+
+
+def test_hybrid_specs_name_their_threshold_and_refuse_nonsense(smol):
+    from decoding.drafts import build_draft
+
+    assert build_draft("ngram+head", smol).min_match == 2
+    draft = build_draft("ngram+head@3", smol)
+    assert (draft.min_match, draft.name) == (3, "ngram+head@3")
+    for bad in ("ngram+head@0", "ngram+head@x", "ngram+heads"):
+        with pytest.raises(SpecLensError, match="ngram\\+head@M"):
+            build_draft(bad, smol)

@@ -17,7 +17,7 @@ from ..models.paths import public_name
 from ..runtime.rowlinear import use_row_kernel
 from .cross_tokenizer import CrossTokenizerDraft
 from .head import HeadDraft, load_head, shipped_head
-from .hybrid import HybridDraft
+from .hybrid import HYBRID_MIN_MATCH, HybridDraft
 from .layers import LayerDraft
 from .model import ModelDraft
 from .ngram import NGramDraft
@@ -36,7 +36,7 @@ __all__ = [
 
 
 def build_draft(spec: str, target: LoadedModel) -> Draft | None:
-    """`ngram`, `suffix`, `layers:N`, `head`, `head:PATH`, `ngram+head`, `ngram+head:PATH`, `none`, or a model name for a separate draft
+    """`ngram`, `suffix`, `layers:N`, `head`, `head:PATH`, `ngram+head[@M][:PATH]`, `none`, or a model name for a separate draft
     model (one with another tokenizer drafts through text: see cross_tokenizer.py)."""
     spec = (spec or "").strip()
     if spec in ("", "none"):
@@ -47,8 +47,8 @@ def build_draft(spec: str, target: LoadedModel) -> Draft | None:
         return SuffixDraft()
     if spec == "head" or spec.startswith("head:"):
         return _head_draft(spec, target)
-    if spec == "ngram+head" or spec.startswith("ngram+head:"):
-        return HybridDraft(NGramDraft(), _head_draft(spec.removeprefix("ngram+"), target))
+    if spec.startswith("ngram+head"):
+        return _hybrid_draft(spec, target)
     if spec.startswith("layers:"):
         try:
             n = int(spec.split(":", 1)[1])
@@ -74,6 +74,20 @@ def _head_draft(spec: str, target: LoadedModel) -> Draft:
         # the row kernel beat both F.linear and panels (docs/trained-head.md), and panels cost memory.
         use_row_kernel(head, panels=False)
     return HeadDraft(head, target.model, "head" if spec == "head" else f"head:{public_name(str(folder))}")
+
+
+def _hybrid_draft(spec: str, target: LoadedModel) -> Draft:
+    """`ngram+head`, `ngram+head@M` (n-gram where the last M or more tokens recur), `…:PATH` (that head)."""
+    rest = spec.removeprefix("ngram+head")
+    threshold, _, path = rest.partition(":")
+    try:
+        min_match = int(threshold.removeprefix("@")) if threshold else HYBRID_MIN_MATCH
+    except ValueError:
+        min_match = 0
+    if rest and not rest.startswith(("@", ":")) or not 1 <= min_match <= NGramDraft().max_ngram:
+        raise SpecLensError(f"'{spec}': write ngram+head, ngram+head@M (M from 1 to 3) or ngram+head:PATH")
+    head = _head_draft(f"head:{path}" if path else "head", target)
+    return HybridDraft(NGramDraft(), head, min_match)
 
 
 def same_tokenizer(target_tok, draft_tok) -> bool:

@@ -8,6 +8,8 @@ from ..core.proposal import Draft, Proposal
 from .head import HeadDraft
 from .ngram import NGramDraft
 
+HYBRID_MIN_MATCH = 2  # the default threshold (docs/trained-head.md: how it was measured)
+
 
 class HybridDraft(Draft):
     """Each round drafts with n-gram lookup when the last `min_match` tokens or more occurred
@@ -22,10 +24,11 @@ class HybridDraft(Draft):
 
     kind = "hybrid"
 
-    def __init__(self, ngram: NGramDraft, head: HeadDraft, min_match: int = 2) -> None:
+    def __init__(self, ngram: NGramDraft, head: HeadDraft, min_match: int = HYBRID_MIN_MATCH) -> None:
         self.ngram, self.head = ngram, head
         self.min_match = min_match
-        self.name = f"ngram+{head.name}"
+        at = "" if min_match == HYBRID_MIN_MATCH else f"@{min_match}"
+        self.name = f"ngram+head{at}{head.name.removeprefix('head')}"  # as build_draft spells it
 
     def reset(self) -> None:
         self.ngram.reset()
