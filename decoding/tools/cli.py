@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one prompt at each k from --k-from to --k-to (or each tree size), against plain decoding",
     )
     # Not required: --prompts sweeps a workload instead.
-    add_run_flags(w, leave_out=("k", "tree_nodes", "policy", "confidence", "baseline"), prompt_required=False)
+    add_run_flags(w, leave_out=("k", "tree_nodes", "baseline"), prompt_required=False)
     w.add_argument("--k-from", type=int, default=1, help=f"smallest k ({K_MIN}-{K_MAX})")
     w.add_argument("--k-to", type=int, default=6, help=f"largest k ({K_MIN}-{K_MAX})")
     w.add_argument(

@@ -60,14 +60,14 @@ def sweep(
     should_stop: StopCheck | None = None,
     repeats: int = 3,
 ) -> tuple[list[Trace], pd.DataFrame]:
-    """Run `config` for each k (fixed policy), each against plain runs of its own.
+    """Run `config` for each k (the cap, under an adaptive policy), each against plain runs of its own.
 
     Stopped half-way, it returns the k values whose every repeat finished;
     stopped before any did, it raises RunStopped. The traces are each k's
     median run.
     """
     ks = check_ks(ks)
-    runs = [dataclasses.replace(config, k=k, policy="fixed", baseline=False) for k in ks]
+    runs = [dataclasses.replace(config, k=k, baseline=False) for k in ks]
     measured = interleaved(runs, repeats, progress, should_stop)
     return [median_run(ts) for ts in measured], with_best(sweep_table(measured), "k")
 

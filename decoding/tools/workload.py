@@ -42,11 +42,12 @@ def workload_sweep(
     repeats: int = 3,
 ) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
     """The table (one row per category and k, then "all"; a `best` column) and the order the
-    runs were made in, as (prompt index, k): every prompt × k takes its turn once per repeat."""
+    runs were made in, as (prompt index, k): every prompt × k takes its turn once per repeat.
+    Under an adaptive policy (`config.policy`) k is each run's cap."""
     ks = check_ks(ks)
     cells = [(p, k) for p in range(len(prompts)) for k in ks]
     runs = [
-        dataclasses.replace(config, prompt=prompts[p]["prompt"], k=k, policy="fixed", baseline=False)
+        dataclasses.replace(config, prompt=prompts[p]["prompt"], k=k, baseline=False)
         for p, k in cells
     ]
     measured = interleaved(runs, repeats, progress, should_stop)
