@@ -34,6 +34,12 @@ ON_LOAD_JS = """() => {
 OFFLINE_PAIRS = {
     "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", 10, None),
     "SmolLM2-135M · trained draft head (offline)": ("smollm2-135m", "trained draft head (EAGLE-3)", 10, None),
+    "SmolLM2-135M · n-gram + trained head (offline)": (
+        "smollm2-135m",
+        "n-gram where the text repeats, else the head",
+        10,
+        None,
+    ),
     "SmolLM2-135M · its first 10 layers (offline)": (
         "smollm2-135m",
         "first N layers of the target",

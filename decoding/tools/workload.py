@@ -46,10 +46,7 @@ def workload_sweep(
     Under an adaptive policy (`config.policy`) k is each run's cap."""
     ks = check_ks(ks)
     cells = [(p, k) for p in range(len(prompts)) for k in ks]
-    runs = [
-        dataclasses.replace(config, prompt=prompts[p]["prompt"], k=k, baseline=False)
-        for p, k in cells
-    ]
+    runs = [dataclasses.replace(config, prompt=prompts[p]["prompt"], k=k, baseline=False) for p, k in cells]
     measured = interleaved(runs, repeats, progress, should_stop)
     categories = {row["prompt"]: row.get("category") or ALL for row in prompts}
     order = [cells[step % len(cells)] for step in range(len(cells) * repeats)]
