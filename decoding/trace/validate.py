@@ -65,6 +65,8 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
             return f"{name} needs tokens with a whole-number id, a text and a probability"
     if s.match is not None and not (is_int(s.match.start) and is_int(s.match.ngram) and s.match.start >= 0):
         return "match needs a whole-number start and n-gram length"
+    if s.source is not None and not isinstance(s.source, str):
+        return "source must be the name of the draft that drafted the round, or null"
     if s.tree is not None and (problem := _tree_problem(s)):
         return problem
     if s.translation is not None and (problem := _translation_problem(s)):
