@@ -484,9 +484,10 @@ def test_the_shipped_head_is_lossless_on_smollm2(smol):
 
 
 def test_hybrid_specs_name_their_threshold_and_refuse_nonsense(smol):
-    from decoding.drafts import build_draft
+    from decoding.drafts import HYBRID_MIN_MATCH, build_draft
 
-    assert build_draft("ngram+head", smol).min_match == 2
+    assert build_draft("ngram+head", smol).min_match == HYBRID_MIN_MATCH
+    assert build_draft("ngram+head", smol).name == "ngram+head"
     draft = build_draft("ngram+head@3", smol)
     assert (draft.min_match, draft.name) == (3, "ngram+head@3")
     for bad in ("ngram+head@0", "ngram+head@x", "ngram+heads"):
