@@ -14,6 +14,7 @@ import torch
 from conftest import ROOT, tiny_model_folder
 from huggingface_hub import constants as hub_constants
 
+from decoding.runtime.tuning import TUNED
 from decoding.tools.cli import main
 from decoding.trace import TRACE_VERSION, Trace, validate
 
@@ -237,6 +238,9 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
         assert row["step_ms"] > 0 and row["limit_ms"] > 0 and row["step_over_limit"] > 0
         assert row["verify_ratio"] == pytest.approx(row["step_ms"] / data["1"]["step_ms"], rel=0.01)
     assert data["kernel"]["build"] in ("native", "portable", "none")  # which build ran, and its choices
+    if data["kernel"]["build"] != "none":
+        assert data["kernel"]["tuning"] in ("measured", "cached", "defaults")
+        assert all(isinstance(data["kernel"][name], int) for name in TUNED)
     what_if = data["concurrency"]
     assert what_if["alpha"] == 0.7 and set(what_if["speedup_by_k"]) == {"1", "2", "3", "4", "5", "6"}
     assert set(what_if["speedup_by_k"]["3"]) == {"1", "2", "4", "8", "16", "32", "64"}

@@ -8,7 +8,8 @@ from ..core.proposal import Draft, Proposal
 from .head import HeadDraft
 from .ngram import NGramDraft
 
-HYBRID_MIN_MATCH = 1  # the default threshold, the fastest of 1, 2 and 3 on the dev prompts (docs/trained-head.md)
+# The default threshold: the fastest of 1, 2 and 3 on the dev prompts (docs/trained-head.md).
+HYBRID_MIN_MATCH = 1
 
 
 class HybridDraft(Draft):

@@ -21,7 +21,9 @@ compiler's generic vectors (any CPU: an ARM laptop, an older x86), whose
 results are batch-independent too. SPECLENS_KERNEL_BUILD=portable forces the
 portable build (the tests run it here). Without a compiler the model keeps
 its linear layers and only the output layer is packed for oneDNN
-(`packed.py`). SPECLENS_KERNEL=0 turns the kernel off.
+(`packed.py`). SPECLENS_KERNEL=0 turns the kernel off. The choices that
+depend on the machine's memory (prefetching) are measured the first time a
+kernel loads on a machine (`tuning.py`).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from pathlib import Path
 import torch
 
 from ..settings.environment import cache_dir, cpu_info
+from .tuning import TUNED, tune
 
 KERNELS = Path(__file__).parent / "kernels"
 SOURCES = (KERNELS / "rowlinear.cpp", KERNELS / "layer.cpp")  # layer.cpp: llama.py's decoder layer
+KERNEL_FILES = (*SOURCES, KERNELS / "rows.h")
 # -ffp-contract=off: no fused multiply-adds but the kernels' own, so the
 # elementwise parts round as torch's ops do.
 COMMON = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
@@ -71,6 +75,13 @@ def _build(compiler: str, flags: tuple[str, ...], out: Path) -> None:
         os.replace(part, out)
 
 
+def kernel_file(build: str, sources: bytes) -> str:
+    """The compiled kernel's file name: a new source, build or CPU gives a new file (and a new tuning)."""
+    # -march=native: a binary for this CPU, so the CPU's flags are part of its name.
+    key = hashlib.sha256(sources + " ".join(FLAGS[build]).encode() + cpu_info()["flags"].encode())
+    return f"rowlinear-{build}-{key.hexdigest()[:16]}.so"
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel (`kernel_build()`'s), built on first use; None where it cannot be (no compiler)."""
@@ -79,10 +90,7 @@ def library() -> ctypes.CDLL | None:
         return None
     build = kernel_build()
     try:
-        sources = b"".join(p.read_bytes() for p in (*SOURCES, KERNELS / "rows.h"))
-        # -march=native: a binary for this CPU, so the CPU's flags are part of its name.
-        key = hashlib.sha256(sources + " ".join(FLAGS[build]).encode() + cpu_info()["flags"].encode())
-        path = cache_dir() / "kernels" / f"rowlinear-{build}-{key.hexdigest()[:16]}.so"
+        path = cache_dir() / "kernels" / kernel_file(build, b"".join(p.read_bytes() for p in KERNEL_FILES))
         if not path.exists():
             _build(compiler, FLAGS[build], path)
         lib = ctypes.CDLL(str(path))
@@ -98,18 +106,22 @@ def library() -> ctypes.CDLL | None:
         "attention": [ptr],
         "llama_layers": [ptr, ptr, i64, ptr],
         "rowlinear_settings": [ptr],
+        "rowlinear_tune": [ptr],
     }.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = None
+    TUNING[str(path)] = tune(lib, path)
     return lib
 
 
-SETTINGS = ("vector_width", "weight_rows_per_block", "input_rows_per_block", "prefetch_weight_rows_ahead",
-            "panel_tile_rows", "panel_tiles", "panel_chunk_steps", "panel_prefetch_chunks_ahead")  # fmt: skip
+TUNING: dict[str, str] = {}  # each loaded kernel's choices: "measured", "cached" or "defaults" (tuning.py)
+SETTINGS = ("vector_width", "weight_rows_per_block", "input_rows_per_block", "panel_tile_rows", "panel_tiles",
+            *TUNED)  # fmt: skip
 
 
 def kernel_choices() -> dict:
-    """Which build runs and its fixed choices (rows.h), for the probe; {"build": "none"} without one."""
+    """Which build runs, its fixed choices and its measured ones (rows.h, tuning.py), for the probe;
+    {"build": "none"} without one."""
     lib = library()
     if lib is None:
         return {"build": "none"}
@@ -118,6 +130,7 @@ def kernel_choices() -> dict:
     return {
         "build": kernel_build(),
         "flags": " ".join(FLAGS[kernel_build()][:1]),
+        "tuning": TUNING[lib._name],
         **dict(zip(SETTINGS, values)),
     }
 

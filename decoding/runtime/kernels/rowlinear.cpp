@@ -1,5 +1,6 @@
 // The linear layers' product for a handful of rows (rows.h has the why and
 // the how); decoding/rowlinear.py calls it for every float32 linear layer.
+#include <algorithm>
 #include <iterator>
 #include <vector>
 
@@ -7,11 +8,22 @@
 
 extern "C" int rowlinear_width() { return kWidth; }
 
-// The build's fixed choices, for the probe to print: vector width, weight rows and input rows per
-// block, weight rows prefetched ahead; the panels' tile rows, tiles, chunk steps, chunks prefetched ahead.
+// The build's choices, for the probe to print: vector width, weight rows and input rows per block,
+// the panels' tile rows and tiles; then the measured ones (Tuning in rows.h): weight rows prefetched
+// ahead, the panels' chunk steps, chunks prefetched ahead, prefetching within one tile.
 extern "C" void rowlinear_settings(int64_t* out) {
-  const int64_t settings[] = {kWidth, kRowsOfW, kRowsOfX, kPrefetch, kTileRows, kTiles, kChunk, kAhead};
+  const int64_t settings[] = {kWidth,        kRowsOfW,      kRowsOfX,     kTileRows,
+                              kTiles,        tuning.prefetch_rows, tuning.chunk, tuning.ahead,
+                              tuning.prefetch_one_tile};
   std::copy(std::begin(settings), std::end(settings), out);
+}
+
+// Sets the measured choices, in rowlinear_settings' order (its last four); call it between products.
+extern "C" void rowlinear_tune(const int64_t* choices) {
+  tuning.prefetch_rows = static_cast<int>(choices[0]);
+  tuning.chunk = static_cast<int>(std::max<int64_t>(1, choices[1]));
+  tuning.ahead = static_cast<int>(choices[2]);
+  tuning.prefetch_one_tile = static_cast<int>(choices[3]);
 }
 
 // x [M, K], w [N, K], b [N] or null, y [M, N]; all float32, contiguous; K a multiple of the width.

@@ -87,13 +87,24 @@ static inline float vsum(vec a) {
 }
 #endif  // SPECLENS_PORTABLE
 
-static const int kRowsOfW = 4;   // weight rows per block
-static const int kRowsOfX = 6;   // input rows held in registers at once
-static const int kPrefetch = 8;  // weight rows ahead to prefetch
-// Into L2, not L1: on a 2-core AMD EPYC (Zen 4) the whole model's products
-// took 0.6-0.8 of their time with prefetches into L1 (1 to 17 rows, side by
-// side), and ×1.2-1.6 theirs without any: a line headed for L1 holds one of
-// the core's few L1 miss buffers for the whole trip from memory.
+static const int kRowsOfW = 4;  // weight rows per block
+static const int kRowsOfX = 6;  // input rows held in registers at once
+
+// The choices that depend on the machine's memory rather than on its
+// registers, measured at first use on each machine (runtime/tuning.py) and
+// set by rowlinear_tune. None of them changes the order of any sum, so no
+// result's bits depend on them. The defaults are the 2-core AMD EPYC's.
+struct Tuning {
+  int prefetch_rows = 8;     // linear_rows: weight rows ahead to prefetch (0: none)
+  int chunk = 32;            // panels: steps of k per chunk
+  int ahead = 2;             // panels: chunks ahead to prefetch
+  int prefetch_one_tile = 0; // panels: software prefetch when all rows fit one tile too
+};
+inline Tuning tuning;  // one for the whole library (C++17 inline variable), not one per source file
+// Prefetches go into L2, not L1: on a 2-core AMD EPYC (Zen 4) the whole
+// model's products took 0.6-0.8 of their time with prefetches into L1 (1 to
+// 17 rows, side by side), and ×1.2-1.6 theirs without any: a line headed for
+// L1 holds one of the core's few L1 miss buffers for the whole trip from memory.
 
 // y = x w^T (+ b) (+ r): r, a residual added to each result, may be y itself.
 template <int NB, int MB>
@@ -104,11 +115,12 @@ static inline void block(const float* x, const float* w, const float* b, const f
     for (int i = 0; i < MB; i++) acc[j][i] = vzero();
   const float* wr = w + n0 * K;
   const float* xr = x + m0 * K;
+  const int ahead = tuning.prefetch_rows;
   for (int64_t k = 0; k < K; k += kWidth) {
     vec wv[NB];
     for (int j = 0; j < NB; j++) wv[j] = vload(wr + j * K + k);
-    if (m0 == 0)  // one cache line of each coming row per step (a hint: past the end is harmless)
-      for (int j = 0; j < NB; j++) prefetch_l2(wr + (kPrefetch + j) * K + k);
+    if (m0 == 0 && ahead > 0)  // one cache line of each coming row per step (a hint: past the end is harmless)
+      for (int j = 0; j < NB; j++) prefetch_l2(wr + (ahead + j) * K + k);
     for (int i = 0; i < MB; i++) {
       vec xv = vload(xr + i * K + k);
       for (int j = 0; j < NB; j++) acc[j][i] = vfma(wv[j], xv, acc[j][i]);
@@ -182,15 +194,14 @@ static const int kTileRows = 6;  // 24 accumulators of 32 registers
 #else
 static const int kTileRows = 2;  // 8 of 16
 #endif
-static const int kTiles = 4;      // tiles whose accumulators wait between chunks
-static const int kChunk = 32;     // steps of k per chunk
-static const int kAhead = 2;      // chunks ahead to prefetch
+static const int kTiles = 4;  // tiles whose accumulators wait between chunks
 
 // acc[R][V] (+= or =) over steps k0..k1 of panel p (V vectors wide); then back to buf. Tile
-// `tile` of `tiles` (2 or more) prefetches the lines kAhead chunks ahead at every tiles-th step from its own.
+// `tile` of `tiles` prefetches the lines `ahead` steps ahead at every tiles-th step from its own
+// (ahead 0: none).
 template <int R, int V>
 static inline void panel_tile(const float* x, const float* p, vec* buf, int64_t K, int64_t k0, int64_t k1,
-                              bool first, int tile, int tiles) {
+                              bool first, int tile, int tiles, int64_t ahead) {
   vec acc[R][V];
   for (int i = 0; i < R; i++)
     for (int v = 0; v < V; v++) acc[i][v] = first ? vzero() : buf[i * kPanelVectors + v];
@@ -199,8 +210,8 @@ static inline void panel_tile(const float* x, const float* p, vec* buf, int64_t 
     const float* pk = p + k * V * kWidth;
     vec wv[V];
     for (int v = 0; v < V; v++) wv[v] = vload(pk + v * kWidth);
-    if (tiles > 1 && turn == 0)  // a hint: past the end is harmless
-      for (int v = 0; v < V; v++) prefetch_l2(pk + (kAhead * kChunk * V + v) * kWidth);
+    if (ahead > 0 && turn == 0)  // a hint: past the end is harmless
+      for (int v = 0; v < V; v++) prefetch_l2(pk + (ahead * V + v) * kWidth);
     if (--turn < 0) turn = tiles - 1;
     for (int i = 0; i < R; i++) {
       const vec xv = vset(x[i * K + k]);
@@ -213,15 +224,15 @@ static inline void panel_tile(const float* x, const float* p, vec* buf, int64_t 
 
 template <int V>
 static inline void panel_tile_rows(int rows, const float* x, const float* p, vec* buf, int64_t K, int64_t k0,
-                                   int64_t k1, bool first, int tile, int tiles) {
+                                   int64_t k1, bool first, int tile, int tiles, int64_t ahead) {
   switch (rows) {
-    case 1: panel_tile<1, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
-    case 2: panel_tile<2, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
+    case 1: panel_tile<1, V>(x, p, buf, K, k0, k1, first, tile, tiles, ahead); break;
+    case 2: panel_tile<2, V>(x, p, buf, K, k0, k1, first, tile, tiles, ahead); break;
 #if defined(SPECLENS_AVX512)
-    case 3: panel_tile<3, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
-    case 4: panel_tile<4, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
-    case 5: panel_tile<5, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
-    case 6: panel_tile<6, V>(x, p, buf, K, k0, k1, first, tile, tiles); break;
+    case 3: panel_tile<3, V>(x, p, buf, K, k0, k1, first, tile, tiles, ahead); break;
+    case 4: panel_tile<4, V>(x, p, buf, K, k0, k1, first, tile, tiles, ahead); break;
+    case 5: panel_tile<5, V>(x, p, buf, K, k0, k1, first, tile, tiles, ahead); break;
+    case 6: panel_tile<6, V>(x, p, buf, K, k0, k1, first, tile, tiles, ahead); break;
 #endif
   }
 }
@@ -232,12 +243,15 @@ static void panel_rows(const float* x, const float* p, const float* b, const flo
                        int64_t K, int64_t N, int64_t n0) {
   vec buf[kTiles][kTileRows * kPanelVectors];
   const int tiles = static_cast<int>((M + kTileRows - 1) / kTileRows);
-  for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
-    const int64_t k1 = k0 + kChunk < K ? k0 + kChunk : K;
+  const int64_t chunk = tuning.chunk;
+  const bool prefetch = tiles > 1 || tuning.prefetch_one_tile;
+  const int64_t ahead = prefetch ? int64_t{tuning.ahead} * chunk : 0;
+  for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+    const int64_t k1 = k0 + chunk < K ? k0 + chunk : K;
     for (int t = 0; t < tiles; t++) {
       const int64_t m0 = t * kTileRows;
       const int rows = static_cast<int>(M - m0 < kTileRows ? M - m0 : kTileRows);
-      panel_tile_rows<V>(rows, x + m0 * K, p, buf[t], K, k0, k1, k0 == 0, t, tiles);
+      panel_tile_rows<V>(rows, x + m0 * K, p, buf[t], K, k0, k1, k0 == 0, t, tiles, ahead);
     }
   }
   for (int t = 0; t < tiles; t++)
