@@ -73,6 +73,16 @@ def test_bench_runs_a_tree_beside_its_chain(tmp_path, two_prompts, capsys, smol)
     assert "7" in meta["verify_cost_vs_plain_step"]  # the tree's pass: 6 nodes and the last verified token
 
 
+def test_drafts_hugging_face_lacks_get_no_hf_column(tmp_path, two_prompts, capsys, smol):
+    # Its generate() would quietly decode without a draft: a plain run timed as if it drafted.
+    out = tmp_path / "out"
+    args = ["bench", "--prompts", str(two_prompts), "--draft", "suffix", "--k", "3"]
+    assert main([*args, "--max-new-tokens", "6", "--limit", "1", "--out", str(out), "--no-warmup"]) == 0
+    df = pd.read_csv(out / "results.csv")
+    assert df["identical_plain"].all() and df["tps_hf"].isna().all() and df["ratio_vs_hf"].isna().all()
+    assert "Hugging Face has no suffix drafting: its column is empty." in (out / "summary.md").read_text()
+
+
 def test_bad_prompt_files(tmp_path):
     with pytest.raises(SpecLensError, match="no prompts file"):
         read_prompts(tmp_path / "missing.jsonl", 1)

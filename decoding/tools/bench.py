@@ -105,11 +105,15 @@ def _tps(n: int, wall: float) -> float:
     return n / wall if wall > 0 else 0.0
 
 
+HF_DRAFTS = (NGramDraft, LayerDraft, ModelDraft, CrossTokenizerDraft)  # the ones hf_generate can run
+
+
 def run_prompt(run: PreparedRun) -> dict:
     a = api.speculative(run)
     b = api.plain_baseline(run.config)
-    # Hugging Face has no head drafting and no trees, and its assisted generation is greedy here.
-    hf_can = run.config.sampling.greedy and run.draft.kind != "head" and run.tree is None
+    # Hugging Face has no head, suffix or hybrid drafting and no trees, and its assisted generation
+    # is greedy here.
+    hf_can = run.config.sampling.greedy and isinstance(run.draft, HF_DRAFTS) and run.tree is None
     c_ids, c_wall = hf_generate(run) if hf_can else (None, 0.0)
     d = api.untraced(run)
     e = api.speculative(replace(run, tree=None)) if run.tree is not None else None
@@ -297,8 +301,12 @@ def write_results(
     notes = f"Verify cost: {ratio or '(no round checked a single token)'}; in plain target steps, {steps}. "
     notes += f"Acceptance by draft position: {by_pos}. "
     notes += "α: accepted ÷ judged draft tokens; c: draft time per token ÷ a plain target step."
-    if draft_kind == "head" or cfg.run.tree_nodes:
-        notes += " Hugging Face has no head drafting and no token trees: its column is empty."
+    if cfg.run.tree_nodes:
+        notes += " Hugging Face has no token trees: its column is empty."
+    elif not cfg.run.sampling.greedy:
+        notes += " Hugging Face's assisted generation is timed greedy only: its column is empty."
+    elif df["tps_hf"].isna().all():
+        notes += f" Hugging Face has no {draft_kind} drafting: its column is empty."
     text = f"{settings}\n\n`{meta['command']}`\n\n{markdown(table)}\n\n{notes}\n"
     (cfg.out / "summary.md").write_text(text)
 
