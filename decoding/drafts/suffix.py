@@ -54,7 +54,7 @@ class SuffixCorpus:
 
 # Earlier runs in this process: what makes a repeated request cheap. Drafts show their tokens, so a
 # server shared by several people must not hand one person's text to another's drafts: the app
-# does not offer this draft source (the command line and the API run one person's requests).
+# gives each visitor a corpus of their own (the command line and the API run one person's requests).
 SHARED = SuffixCorpus()
 _run_ids = itertools.count()
 

@@ -28,6 +28,7 @@ from ..api import PreparedRun, RunConfig, library_versions
 from ..core.plain import Clock
 from ..core.proposal import Draft
 from ..drafts import CrossTokenizerDraft, LayerDraft, ModelDraft, NGramDraft
+from ..drafts.suffix import SuffixCorpus, SuffixDraft
 from ..models.loading import LoadedModel
 from ..settings.environment import cpu_name
 from .prompts import read_prompts
@@ -161,6 +162,8 @@ def run_bench(cfg: BenchConfig, say: Callable[[str], None] = print) -> pd.DataFr
         t = time.perf_counter()
         run_prompt(first)
         say(f"warm-up: {time.perf_counter() - t:.1f} s")
+    if isinstance(first.draft, SuffixDraft):  # measured from an empty corpus: the warm-up's text is not in it
+        first.draft.corpus = SuffixCorpus()
     rows, verify, positions = [], [], []
     for i, p in enumerate(prompts, 1):
         row = run_prompt(prepared(p["prompt"], first.draft))
