@@ -8,8 +8,11 @@ import pandas as pd
 import pytest
 from conftest import PROMPTS
 
+from decoding import api
+from decoding.api import RunConfig
+from decoding.drafts.suffix import SuffixCorpus
 from decoding.errors import SpecLensError
-from decoding.tools.bench import CSV_COLUMNS
+from decoding.tools.bench import CSV_COLUMNS, run_prompt
 from decoding.tools.cli import main
 from decoding.tools.prompts import read_prompts
 
@@ -90,3 +93,13 @@ def test_bad_prompt_files(tmp_path):
     bad.write_text('{"prompt": "no category"}\n')
     with pytest.raises(SpecLensError, match="bad.jsonl:1"):
         read_prompts(bad, 1)
+
+
+def test_the_reruns_of_a_suffix_bench_draft_from_what_the_first_run_saw(smol):
+    # Otherwise the untraced rerun drafts the first run's output back, and "tracing overhead"
+    # measures suffix decoding's memory instead.
+    run = api.prepare(RunConfig(prompt="Name three colours.", draft="suffix", k=4, max_new_tokens=12))
+    run.draft.corpus = SuffixCorpus()
+    row = run_prompt(run)
+    assert len(run.draft.corpus.snapshot()) == 1  # the first run alone
+    assert row["new_tokens"] == 12

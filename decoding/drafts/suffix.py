@@ -40,6 +40,16 @@ class SuffixCorpus:
                 self._runs.popitem(last=False)
             self._flat = None
 
+    def snapshot(self) -> OrderedDict[int, torch.Tensor]:
+        """The runs it holds now, for `restore` (an update replaces a run's tensor, never changes it)."""
+        with self._lock:
+            return OrderedDict(self._runs)
+
+    def restore(self, runs: OrderedDict[int, torch.Tensor]) -> None:
+        with self._lock:
+            self._runs = OrderedDict(runs)
+            self._flat = None
+
     def tokens(self) -> int:
         return sum(t.numel() for t in self._runs.values())
 

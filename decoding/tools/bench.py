@@ -12,11 +12,13 @@ Per prompt, in this order:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -109,15 +111,33 @@ def _tps(n: int, wall: float) -> float:
 HF_DRAFTS = (NGramDraft, LayerDraft, ModelDraft, CrossTokenizerDraft)  # the ones hf_generate can run
 
 
+@contextlib.contextmanager
+def drafting_as_first(run: PreparedRun, before: OrderedDict | None) -> Iterator[None]:
+    """A rerun of the prompt whose draft sees what the first run's saw: suffix decoding would
+    otherwise draft the first run's own output back. Afterwards the corpus holds the first run."""
+    if not isinstance(run.draft, SuffixDraft):
+        yield
+        return
+    after = run.draft.corpus.snapshot()
+    run.draft.corpus.restore(before)
+    try:
+        yield
+    finally:
+        run.draft.corpus.restore(after)
+
+
 def run_prompt(run: PreparedRun) -> dict:
+    before = run.draft.corpus.snapshot() if isinstance(run.draft, SuffixDraft) else None
     a = api.speculative(run)
     b = api.plain_baseline(run.config)
     # Hugging Face has no head, suffix or hybrid drafting and no trees, and its assisted generation
     # is greedy here.
     hf_can = run.config.sampling.greedy and isinstance(run.draft, HF_DRAFTS) and run.tree is None
     c_ids, c_wall = hf_generate(run) if hf_can else (None, 0.0)
-    d = api.untraced(run)
-    e = api.speculative(replace(run, tree=None)) if run.tree is not None else None
+    with drafting_as_first(run, before):
+        d = api.untraced(run)
+    with drafting_as_first(run, before):
+        e = api.speculative(replace(run, tree=None)) if run.tree is not None else None
 
     n = len(a.output.token_ids)
     tps_a, tps_b, tps_d = a.totals.tokens_per_s, b.tokens_per_s, d.totals.tokens_per_s
