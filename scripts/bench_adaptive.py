@@ -32,7 +32,11 @@ def measure(draft: str, ks: range, threshold: float, repeats: int) -> tuple[pd.D
     prompts = read_prompts(DEV, 2)
     fixed = RunConfig(draft=draft, max_new_tokens=128)
     adaptive = RunConfig(draft=draft, max_new_tokens=128, policy="entropy", confidence=threshold)
-    progress = lambda done, total: print(f"{draft}: run {done + 1} of {total}", flush=True)  # noqa: E731
+
+    def progress(done: int, total: int) -> None:  # called before each run, then once at the end
+        if done < total:
+            print(f"{draft}: run {done + 1} of {total}", flush=True)
+
     fixed_table, _ = workload_sweep(fixed, prompts, list(ks), progress, repeats=repeats)
     adaptive_table, _ = workload_sweep(adaptive, prompts, [ks[-1]], progress, repeats=repeats)
     return fixed_table, adaptive_table
