@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from html.parser import HTMLParser
 
 from conftest import ROOT
@@ -73,6 +74,8 @@ class TagCollector(HTMLParser):
     def handle_starttag(self, tag, attrs):
         self.tags.add(tag)
         self.attrs.update(name for name, _ in attrs)
+        # The only inline style is an entropy bar's height, a number the page computes.
+        assert all(re.fullmatch(r"height:\d+px", value) for name, value in attrs if name == "style"), attrs
 
 
 def render_or_refuse(text: str) -> None:
@@ -92,7 +95,15 @@ def render_or_refuse(text: str) -> None:
     # shapes is under test here.
     found.feed(html.replace(STEPPER, ""))
     assert found.tags <= TAGS_WE_WRITE, found.tags
-    assert found.attrs <= {"class", "data-tip", "tabindex", "data-round", "data-step"}, found.attrs
+    assert found.attrs <= {
+        "class",
+        "data-tip",
+        "tabindex",
+        "data-round",
+        "data-step",
+        "data-entropy",
+        "style",
+    }, found.attrs
 
 
 # Derandomized: CI runs the same 1,300 examples every time (2,000 were run once) (other seeds were tried while writing it).

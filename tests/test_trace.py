@@ -115,10 +115,9 @@ def test_version_1_traces_load_with_kinds_and_without_unjudged_numbers():
 
 
 def test_version_2_traces_load_with_rounds_and_typed_totals():
-    """Three of the example traces were written before rounds were called rounds."""
-    paths = sorted((ROOT / "assets" / "traces").glob("*.json"))
-    paths = [p for p in paths if json.loads(p.read_text())["version"] == 2]
-    assert len(paths) == 3
+    """Three example traces as they were written before rounds were called rounds."""
+    paths = sorted((ROOT / "tests" / "data").glob("trace-v2-*.json"))
+    assert len(paths) == 3 and all(json.loads(p.read_text())["version"] == 2 for p in paths)
     for path in paths:
         old = json.loads(path.read_text())
         assert "steps" in old and "tokens_per_step" in old["totals"]

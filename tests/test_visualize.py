@@ -279,7 +279,7 @@ def test_round_sentences_in_markdown_escape_token_text():
 
 
 def test_a_round_that_drafted_nothing_is_the_target_alone_and_out_of_the_histogram():
-    old = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # version 3
+    old = Trace.load(ROOT / "tests" / "data" / "trace-v2-summarization-ngram-greedy.json")
     alone = [r for r in old.rounds if r.k == 0]
     assert alone and all(r.emitted.kind == "target" for r in alone)  # read as today's word
     validate(old)
@@ -310,7 +310,7 @@ def test_a_slower_run_says_why_in_one_sentence_from_its_own_figures():
         f"right {t.acceptance_rate:.0%} of the time" in html
         and f"made {t.tokens_per_round:.2f} tokens" in html
     )
-    faster = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # ×1.36
+    faster = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # ×1.30
     assert faster.totals.speedup > 1 and "Slower" not in stats_html(faster)
 
 
