@@ -137,7 +137,7 @@ def test_sweep_k_over_a_workload(page):
     assert "2 prompts × 2 k × 1 repeats" in summary and "all:" in summary
     page.wait_for_selector("#speedup-plot .js-plotly-plot .main-svg", timeout=30_000)
     legend = page.locator("#speedup-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
-    assert legend[:2] == ["translation", "all"]
+    assert legend == ["translation"]  # one category: "all" would only repeat it
     page.screenshot(path=ARTIFACTS / "sweep-workload.png", full_page=True)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 from conftest import ROOT
 
@@ -16,7 +17,13 @@ from decoding import costmodel
 from decoding.settings.sampling import Sampling
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, token_frame, validate
 from visualize.cards import stats_html
-from visualize.charts import accepted_length_histogram, theory_figure, trace_figures
+from visualize.charts import (
+    accepted_length_histogram,
+    theory_figure,
+    trace_figures,
+    workload_curve,
+    workload_tokens_per_round,
+)
 from visualize.explain import explain_round
 from visualize.simulate import simulate_trace
 from visualize.timeline import timeline_html, token_entropies
@@ -367,3 +374,18 @@ def test_the_entropy_strip_shows_the_traces_entropies(tiny_target):
         r.emitted is not None and r.emitted.kind == "correction" for r in trace.rounds
     )
     assert ("Mean where a draft was refused" in html) == ("correction" in kinds and "accepted" in kinds)
+
+
+def test_a_workload_of_one_category_draws_its_line_without_a_copy_named_all():
+    def table(categories: list[str]) -> pd.DataFrame:
+        rows = [
+            {"category": c, "k": k, "speedup": 1 + k / 10, "speedup_low": 1, "speedup_high": 2,
+             "tokens_per_round": 1 + k / 5, "best": False}
+            for c in categories
+            for k in (1, 2)
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    for figure in (workload_curve, workload_tokens_per_round):
+        assert [t.name for t in figure(table(["qa", "all"])).data] == ["qa"]
+        assert [t.name for t in figure(table(["qa", "rag", "all"])).data] == ["qa", "rag", "all"]

@@ -202,11 +202,19 @@ def speedup_curve(table: pd.DataFrame) -> go.Figure:
     )
 
 
+def _categories(table: pd.DataFrame) -> pd.DataFrame:
+    """The workload table to draw: with a single category, "all" repeats it line for line (and
+    would hide it), so it is left out."""
+    if table["category"].nunique() == 2 and "all" in set(table["category"]):
+        return table[table["category"] != "all"]
+    return table
+
+
 def workload_curve(table: pd.DataFrame) -> go.Figure:
     """Median speedup of each category's whole workload against k, one line per category ("all"
     bold), bars from the lowest to the highest repeat; each category's clear best k starred."""
     fig = go.Figure()
-    for category, part in table.groupby("category", sort=False):
+    for category, part in _categories(table).groupby("category", sort=False):
         line = _measured(part, "k", str(category))
         if category == "all":
             line.line = {"width": 4, "color": COLORS["plain"]}
@@ -217,6 +225,7 @@ def workload_curve(table: pd.DataFrame) -> go.Figure:
                             marker={"size": 14, "symbol": "star", "color": COLORS["correction"]},
                             hovertext=f"best k for {category}")  # fmt: skip
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    fig.update_layout(showlegend=True)  # Plotly hides a lone line's legend, and so its category's name
     return _layout(fig, "Speedup per category against draft length (★ clear best)", "k (draft length)",
                    "speedup (×)", whole_x=True)  # fmt: skip
 
@@ -255,8 +264,9 @@ def compare_tokens_figure(table: pd.DataFrame) -> go.Figure:
 
 def workload_tokens_per_round(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
-    for category, part in table.groupby("category", sort=False):
+    for category, part in _categories(table).groupby("category", sort=False):
         fig.add_scatter(x=part["k"], y=part["tokens_per_round"], mode="lines+markers", name=str(category))
+    fig.update_layout(showlegend=True)
     return _layout(fig, "Tokens per round per category", "k (draft length)", "tokens per round", whole_x=True)
 
 
