@@ -16,9 +16,10 @@ from decoding.runtime.rowlinear import KERNEL_FILES, kernel_choices, kernel_file
 
 pytestmark = needs_kernel
 EXTREMES = [
-    {"prefetch_weight_rows_ahead": 0, "panel_chunk_steps": 1, "panel_prefetch_chunks_ahead": 0},
+    {"prefetch_weight_rows_ahead": 0, "panel_chunk_steps": 1, "panel_prefetch_chunks_ahead": 0,
+     "threads_per_product": 1},
     {"prefetch_weight_rows_ahead": 64, "panel_chunk_steps": 1000, "panel_prefetch_chunks_ahead": 9,
-     "panel_prefetch_one_tile": 1},
+     "panel_prefetch_one_tile": 1, "threads_per_product": 64},  # more threads than there are: all
 ]  # fmt: skip
 
 
@@ -45,7 +46,7 @@ def products() -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(
     "choices",
-    tuning.PANEL_CANDIDATES + tuning.ROW_CANDIDATES + EXTREMES,
+    tuning.PANEL_CANDIDATES + tuning.ROW_CANDIDATES + [{"threads_per_product": 1}] + EXTREMES,
     ids=lambda c: ",".join(map(str, c.values())),
 )
 def test_every_choice_gives_the_defaults_bits(lib, choices):

@@ -1,13 +1,13 @@
 """The kernel's choices that depend on the machine, measured at first use on each machine.
 
-How far ahead to prefetch weights, and whether to prefetch at all when a
-product's rows fit one tile, decide whether checking 5 tokens costs the same
-as checking 1: on a 2-core AMD EPYC the hardware prefetchers alone serve one
+How far ahead to prefetch weights, whether to prefetch at all when a
+product's rows fit one tile, and how many threads share a product decide
+whether checking 5 tokens costs the same as checking 1: on a 2-core AMD EPYC the hardware prefetchers alone serve one
 tile best, while on a 2-core Intel Xeon (Sapphire Rapids) the same build
 checked 5 tokens in 1.41 plain steps and 9 in fewer. A kernel library picks
 such choices per machine; so does this. The first time a compiled kernel is
 loaded it times each candidate on products shaped like a small model's
-(about a second), interleaved and repeated, keeps the defaults unless a
+(about 3 seconds), interleaved and repeated, keeps the defaults unless a
 candidate is clearly faster, and writes the choice beside the kernel. A
 change of kernel source or compiler flags gives a new kernel file and so a
 new measurement; a change of CPU model or thread count does too.
@@ -37,9 +37,10 @@ TUNED = (
     "panel_chunk_steps",
     "panel_prefetch_chunks_ahead",
     "panel_prefetch_one_tile",
+    "threads_per_product",
 )
 DEFAULTS = {"prefetch_weight_rows_ahead": 8, "panel_chunk_steps": 32, "panel_prefetch_chunks_ahead": 2,
-            "panel_prefetch_one_tile": 0}  # fmt: skip
+            "panel_prefetch_one_tile": 0, "threads_per_product": 0}  # fmt: skip
 PANEL_CANDIDATES = [
     {"panel_chunk_steps": chunk, "panel_prefetch_chunks_ahead": ahead, "panel_prefetch_one_tile": one}
     for one in (0, 1)
@@ -47,6 +48,15 @@ PANEL_CANDIDATES = [
     for chunk in (16, 32, 64)
 ]
 ROW_CANDIDATES = [{"prefetch_weight_rows_ahead": rows} for rows in (0, 4, 8, 16)]
+
+
+def thread_candidates() -> list[dict[str, int]]:
+    """Every thread torch offers (0), or half of them: past a few cores a product may stream its
+    weights as fast on fewer threads, each then waiting less at the barriers."""
+    threads = torch.get_num_threads()
+    return [{"threads_per_product": 0}] + ([{"threads_per_product": threads // 2}] if threads >= 2 else [])
+
+
 ROWS = (1, 3, 5, 9, 17)  # a plain step, then verifications of k = 2, 4, 8 and a 16-node tree
 # 24 products of 576 × 1536 (SmolLM2-135M's MLP shape): 85 MB, past a server's L3 as a model's step
 # is (with 42 MB, a 32 MB L3 kept enough of it to make the candidates' order change run to run).
@@ -105,7 +115,7 @@ def read_cache(path: Path, kernel_name: str) -> dict[str, int] | None:
 
 
 def measure(lib: ctypes.CDLL) -> dict[str, int]:
-    """The fastest panel candidate and the fastest row-prefetch distance, each against the defaults."""
+    """The fastest panel candidate, row-prefetch distance and thread count, each against the defaults."""
     torch.manual_seed(0)
     weights = [torch.randn(N, K) for _ in range(PRODUCTS)]
     panels = [torch.empty(N * K) for _ in weights]
@@ -123,21 +133,27 @@ def measure(lib: ctypes.CDLL) -> dict[str, int]:
 
     best = fastest(lib, PANEL_CANDIDATES, panel_pass, ROWS)
     best |= fastest(lib, ROW_CANDIDATES, row_pass, ROWS[:3])  # past 5 rows the panels run
+    if len(threads := thread_candidates()) > 1:  # with the choices above in place
+        best |= fastest(lib, threads, panel_pass, ROWS, base=best)
     apply(lib, DEFAULTS)
     return DEFAULTS | best
 
 
-def fastest(lib: ctypes.CDLL, candidates: list[dict], one_pass, rows: tuple[int, ...]) -> dict[str, int]:
+def fastest(
+    lib: ctypes.CDLL, candidates: list[dict], one_pass, rows: tuple[int, ...], base: dict | None = None
+) -> dict[str, int]:
     """The candidate whose passes over `rows` take the least time relative to the defaults', or the
-    defaults' values unless it beats them by MARGIN twice: among all, then alone against them."""
+    defaults' values unless it beats them by MARGIN twice: among all, then alone against them.
+    `base`: choices set beside each candidate (the rest keep their defaults)."""
+    base = base or {}
     default = {name: DEFAULTS[name] for name in candidates[0]}
     everyone = [default, *(c for c in candidates if c != default)]
-    scores = relative_times(lib, everyone, one_pass, rows, REPEATS)
+    scores = relative_times(lib, [base | c for c in everyone], one_pass, rows, REPEATS)
     winner = everyone[min(range(len(everyone)), key=scores.__getitem__)]
     if winner == default or min(scores) >= 1 - MARGIN:
         return default
     # The best of many is partly luck: it must win again.
-    again = relative_times(lib, [default, winner], one_pass, rows, 2 * REPEATS)
+    again = relative_times(lib, [base | default, base | winner], one_pass, rows, 2 * REPEATS)
     return winner if again[1] < 1 - MARGIN else default
 
 

@@ -474,7 +474,7 @@ extern "C" void llama_layers(const Layer* layers, const LayerCache* caches, int6
   float* buffers = scratch(kLayerRows, floats);
   std::vector<Share> shares(omp_get_max_threads());
   if (count > 0 && s->out != s->in) std::copy(s->in, s->in + s->n * layers[0].hidden, s->out);
-#pragma omp parallel
+#pragma omp parallel num_threads(team())
   {
     for (int64_t i = 0; i < count; i++)
       layer_rows(&layers[i], caches[i], *s, s->out, buffers, shares.data(), 4 * i + 1);
@@ -492,6 +492,6 @@ extern "C" void rmsnorm(const float* x, const float* w, float* y, int64_t M, int
 extern "C" void silu_rows(const float* x, float* y, int64_t n) { silu_mul(x, nullptr, y, n); }
 
 extern "C" void attention(const Attention* a) {
-#pragma omp parallel
+#pragma omp parallel num_threads(team())
   attention_rows(*a);
 }

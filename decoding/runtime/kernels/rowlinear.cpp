@@ -10,11 +10,11 @@ extern "C" int rowlinear_width() { return kWidth; }
 
 // The build's choices, for the probe to print: vector width, weight rows and input rows per block,
 // the panels' tile rows and tiles; then the measured ones (Tuning in rows.h): weight rows prefetched
-// ahead, the panels' chunk steps, chunks prefetched ahead, prefetching within one tile.
+// ahead, the panels' chunk steps, chunks prefetched ahead, prefetching within one tile, threads.
 extern "C" void rowlinear_settings(int64_t* out) {
   const int64_t settings[] = {kWidth,        kRowsOfW,      kRowsOfX,     kTileRows,
                               kTiles,        tuning.prefetch_rows, tuning.chunk, tuning.ahead,
-                              tuning.prefetch_one_tile};
+                              tuning.prefetch_one_tile, tuning.threads};
   std::copy(std::begin(settings), std::end(settings), out);
 }
 
@@ -24,12 +24,13 @@ extern "C" void rowlinear_tune(const int64_t* choices) {
   tuning.chunk = static_cast<int>(std::max<int64_t>(1, choices[1]));
   tuning.ahead = static_cast<int>(choices[2]);
   tuning.prefetch_one_tile = static_cast<int>(choices[3]);
+  tuning.threads = static_cast<int>(std::max<int64_t>(0, choices[4]));
 }
 
 // x [M, K], w [N, K], b [N] or null, y [M, N]; all float32, contiguous; K a multiple of the width.
 extern "C" void rowlinear(const float* x, const float* w, const float* b, float* y, int64_t M,
                           int64_t K, int64_t N) {
-#pragma omp parallel
+#pragma omp parallel num_threads(team())
   linear_rows(x, w, b, nullptr, y, M, K, N);
 }
 
@@ -37,7 +38,7 @@ extern "C" void rowlinear(const float* x, const float* w, const float* b, float*
 extern "C" void rowlinear_panels(const float* x, const float* panels, const float* b, float* y, int64_t M,
                                  int64_t K, int64_t N) {
   std::vector<Share> shares(omp_get_max_threads());
-#pragma omp parallel
+#pragma omp parallel num_threads(team())
   linear_panels(x, panels, b, nullptr, y, M, K, N, shares.data(), 1);
 }
 

@@ -99,8 +99,15 @@ struct Tuning {
   int chunk = 32;            // panels: steps of k per chunk
   int ahead = 2;             // panels: chunks ahead to prefetch
   int prefetch_one_tile = 0; // panels: software prefetch when all rows fit one tile too
+  int threads = 0;           // threads a product or a step runs on (0: all OpenMP offers)
 };
 inline Tuning tuning;  // one for the whole library (C++17 inline variable), not one per source file
+
+// The team of every parallel region: which thread computes what never changes a result's bits.
+static inline int team() {
+  const int all = omp_get_max_threads();
+  return tuning.threads > 0 && tuning.threads < all ? tuning.threads : all;
+}
 // Prefetches go into L2, not L1: on a 2-core AMD EPYC (Zen 4) the whole
 // model's products took 0.6-0.8 of their time with prefetches into L1 (1 to
 // 17 rows, side by side), and ×1.2-1.6 theirs without any: a line headed for
