@@ -22,7 +22,7 @@ results are batch-independent too. SPECLENS_KERNEL_BUILD=portable forces the
 portable build (the tests run it here). Without a compiler the model keeps
 its linear layers and only the output layer is packed for oneDNN
 (`packed.py`). SPECLENS_KERNEL=0 turns the kernel off. The choices that
-depend on the machine's memory (prefetching) are measured the first time a
+depend on the machine (prefetching, threads) are measured the first time a
 kernel loads on a machine (`tuning.py`).
 """
 
