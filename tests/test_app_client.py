@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from gradio_client import handle_file
+from gradio_client import Client, handle_file
+from test_metrics import FakeVLLM, reply, serve
 
+from app import handlers
+from decoding import api
 from decoding.trace import Trace, validate
 
 pytestmark = pytest.mark.slow
@@ -136,8 +139,6 @@ def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
 
 
 def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
-    from app import handlers
-
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
     timeline, text, cards, *figs, json_path, csv_path, round_update, sentence, tree = client.predict(
         **generate_args(), api_name="/generate"
@@ -150,9 +151,6 @@ def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
 
 
 def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeypatch):
-    from app import handlers
-    from decoding import api
-
     real_load = api.load_model
 
     def slow_load(*args, **kwargs):
@@ -185,8 +183,6 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
 
 
 def test_the_sweep_has_the_same_budget(client, monkeypatch):
-    from app import handlers
-
     monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
     with pytest.raises(Exception, match="time limit"):
         client.predict(**sweep_args(draft_model=""), api_name="/sweep")
@@ -206,8 +202,6 @@ def test_a_separate_draft_model_must_be_named(client):
 
 
 def test_two_sessions_get_their_own_traces(live_app):
-    from gradio_client import Client
-
     a, b = (Client(live_app, analytics_enabled=False, verbose=False) for _ in range(2))
     prompts = ["Count: one, two, three, four.", "Name three colours."]
     jobs = [
@@ -296,8 +290,6 @@ def test_the_sweep_compares_draft_sources_and_races_them(client):
 def test_suffix_decoding_learns_from_this_sessions_runs_only(client, live_app):
     """The second run of a prompt drafts from the first one's output; another visitor's first run
     does not: each session has its own corpus."""
-    from gradio_client import Client
-
     suffix = dict(draft_source="suffix decoding (this session's runs)", max_new_tokens=32, compare=False)
     prompt = "Write two sentences about a lighthouse keeper and her cat."
 
@@ -362,8 +354,6 @@ def test_a_corrupt_upload_is_refused_naming_its_first_problem(client, tmp_path, 
 
 
 def test_production_tab_reads_a_deployment_beside_this_run(client):
-    from test_metrics import FakeVLLM, reply, serve
-
     fake = FakeVLLM()
     fake.observe(40, 2)
     fake.observe(10, 3)

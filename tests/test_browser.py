@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from playwright.sync_api import sync_playwright
+from test_metrics import FakeVLLM, reply, serve
 
-from decoding.trace import RunMeta, Trace, validate
+from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, validate
+from visualize.race import plain_tokens, spec_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +40,6 @@ def browser():
         if os.environ.get("CI"):
             pytest.fail("Chromium is missing: `make browser` installs Debian's chromium")
         pytest.skip("Chromium is not installed (make browser)")
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
@@ -254,8 +255,6 @@ def test_stop_a_long_run_then_run_again(page):
 
 
 def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
-    from decoding.trace import DraftToken, Emitted, Output, Round, Verdict
-
     hostile = ["<img src=x>", "**bold**"]
     step = Round(
         2,
@@ -288,8 +287,6 @@ def test_token_text_reaches_the_sentences_as_text(page, tmp_path):
 
 
 def test_production_tab_charts_a_vllm_page(page):
-    from test_metrics import FakeVLLM, reply, serve
-
     fake = FakeVLLM()
     fake.observe(30, 2)
     server, url = serve(lambda h: reply(h, fake.page()))
@@ -497,8 +494,6 @@ def test_a_corrupt_upload_or_an_unreachable_server_is_one_message(page, tmp_path
 
 
 def test_the_race_replays_both_texts_and_slow_motion_slows_the_clock(page):
-    from visualize.race import plain_tokens, spec_tokens
-
     example = Trace.load(
         ROOT / "assets" / "traces" / "summarization-ngram-greedy.json"
     )  # what the page opened on

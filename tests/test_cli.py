@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
@@ -13,9 +14,12 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
 from huggingface_hub import constants as hub_constants
+from transformers import LlamaConfig
 
+from decoding.api import RunConfig
 from decoding.runtime.tuning import TUNED
-from decoding.tools.cli import main
+from decoding.settings.sampling import Sampling
+from decoding.tools.cli import build_parser, main, run_config
 from decoding.trace import TRACE_VERSION, Trace, validate
 
 PROMPT = "Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm."
@@ -123,8 +127,6 @@ def mismatched_draft(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def huge_model(tmp_path_factory) -> Path:
     """Only a config: a 300-billion-parameter Llama that cannot fit here."""
-    from transformers import LlamaConfig
-
     folder = tmp_path_factory.mktemp("huge")
     LlamaConfig(
         hidden_size=16384, intermediate_size=53248, num_hidden_layers=100, vocab_size=32000
@@ -255,11 +257,6 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
 
 def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
     """The flags come from RunConfig's fields: none is missing from a command, none lacks help."""
-    from dataclasses import fields
-
-    from decoding.api import RunConfig
-    from decoding.settings.sampling import Sampling
-    from decoding.tools.cli import build_parser, run_config
 
     assert all(
         f.metadata.get("help") for f in [*fields(RunConfig), *fields(Sampling)] if f.name != "sampling"

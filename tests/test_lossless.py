@@ -12,7 +12,8 @@ from decoding.api import encode_prompt
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
 from decoding.core.tree import TreeShape
-from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
+from decoding.drafts import LayerDraft, ModelDraft, NGramDraft, build_draft
+from decoding.models import load_model
 from decoding.models.text import eos_ids
 from decoding.settings.policies import StopRule, make_policy
 from decoding.settings.sampling import Sampling
@@ -161,8 +162,6 @@ def test_smollm2_greedy_is_lossless(smol, specbench):
         ("math_reasoning", "layers:22", (2, 5, 8)),
         ("qa", "smollm2-135m", (3,)),
     ]
-    from decoding.drafts import build_draft
-
     for category, spec, ks in cases:
         prompt = encode_prompt(smol, first_of(specbench, category)["prompt"], chat=True)
         eos = eos_ids(smol.model, smol.tokenizer)
@@ -179,9 +178,6 @@ def test_smollm2_greedy_is_lossless(smol, specbench):
 @pytest.mark.slow
 def test_gemma3_offline_preset_is_lossless():
     """The second offline preset (Gemma-3-270M base, sliding-window attention)."""
-    from decoding.drafts import build_draft
-    from decoding.models import load_model
-
     gemma = load_model("gemma3-270m", "cpu")
     prompt = encode_prompt(gemma, "The capital of France is Paris. The capital of Italy is", chat=False)
     expected = autoregressive_generate(

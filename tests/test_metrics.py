@@ -7,16 +7,21 @@ The pages are written by prometheus_client itself, with the names, labels,
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pandas as pd
 import pytest
+import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from decoding import costmodel
+from decoding.core.speculative import speculative_generate
+from decoding.drafts import NGramDraft
 from decoding.errors import SpecLensError
+from decoding.settings.policies import make_policy
 from decoding.tools import metrics
 from decoding.tools.cli import main
 
@@ -137,8 +142,6 @@ def test_engines_are_summed_and_the_interval_has_rates(tmp_path):
     fake.observe(10, 3, engine=0)
     second = tmp_path / "b.prom"
     second.write_text(fake.page())
-    import os
-
     os.utime(first, (1000.0, 1000.0))
     os.utime(second, (1010.0, 1010.0))  # saved ten seconds apart
     a, b = metrics.read(str(first)), metrics.read(str(second))
@@ -171,11 +174,6 @@ def test_an_sglang_page():
 
 
 def test_speclenss_own_export_reads_back_with_the_same_figures(tiny_target, tmp_path):
-    import torch
-
-    from decoding.core.speculative import speculative_generate
-    from decoding.drafts import NGramDraft
-    from decoding.settings.policies import make_policy
 
     prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9, 3, 7, 5, 9]])
     trace = speculative_generate(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import pytest
 import torch
+from conftest import tiny_model_folder
 
 from decoding.api import encode_prompt
 from decoding.core.plain import autoregressive_generate
-from decoding.drafts import same_tokenizer
+from decoding.core.speculative import speculative_generate
+from decoding.drafts import NGramDraft, same_tokenizer
 from decoding.errors import SpecLensError
 from decoding.models import loading, memory, presets
 from decoding.models.text import eos_ids
+from decoding.settings.policies import make_policy
 
 
 @pytest.mark.slow
@@ -53,10 +58,6 @@ def test_device_and_dtype_choices():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_greedy_is_lossless(tiny_target):
-    from decoding.core.speculative import speculative_generate
-    from decoding.drafts import NGramDraft
-    from decoding.settings.policies import make_policy
-
     model = tiny_target.to("cuda")
     ids = torch.tensor([[1, 5, 9, 3, 7, 5, 9]], device="cuda")
     expected = autoregressive_generate(model, ids, max_new_tokens=30).token_ids
@@ -66,9 +67,6 @@ def test_cuda_greedy_is_lossless(tiny_target):
 
 
 def test_loaded_models_stay_within_their_budget_least_recently_used_out(tmp_path, monkeypatch):
-    from collections import OrderedDict
-
-    from conftest import tiny_model_folder
 
     folders = [str(tiny_model_folder(tmp_path / f"m{i}", seed=i)) for i in range(3)]
     monkeypatch.setattr(loading, "_loaded", OrderedDict())

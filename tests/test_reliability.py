@@ -10,14 +10,19 @@ import json
 import os
 import statistics
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from gradio_client import Client, handle_file
 from test_app_client import generate_args, sweep_args
 
+from app import handlers
 from decoding import api
+from decoding.drafts import NGramDraft
 from decoding.trace import Trace
 
 pytestmark = pytest.mark.slow
@@ -42,8 +47,6 @@ def percentile(values: list[float], q: float) -> float:
 
 def one_session(url: str, i: int) -> list[dict]:
     """Two short runs, a two-point sweep every fourth session, and a replay; each checked as its own."""
-    from gradio_client import Client
-
     client = Client(url, analytics_enabled=False, verbose=False)
     done = []
     for j in range(2):
@@ -107,8 +110,6 @@ def rss_mb() -> float:
 
 
 def test_a_hundred_runs_in_one_process_keep_memory_and_files_flat(smol):
-    from app import handlers
-
     args = list(generate_args(max_new_tokens=3, compare=False).values())
     samples = {}
     for n in range(1, 101):
@@ -133,8 +134,6 @@ def test_a_hundred_runs_in_one_process_keep_memory_and_files_flat(smol):
 
 
 def test_old_downloads_are_removed_and_new_ones_stay(tmp_path, monkeypatch):
-    from app import handlers
-
     monkeypatch.setattr(handlers, "DOWNLOADS", tmp_path / "downloads")
     old = handlers.download_folder()
     (old / "speclens-trace.json").write_text("{}")
@@ -153,9 +152,6 @@ def test_old_downloads_are_removed_and_new_ones_stay(tmp_path, monkeypatch):
     ids=["raises", "oom", "thread-dies"],
 )
 def test_a_run_that_fails_half_way_frees_its_slot(client, monkeypatch, fault, message):
-    from app import handlers
-    from decoding.drafts import NGramDraft
-
     real = NGramDraft.propose
     calls = {"n": 0}
 
@@ -187,8 +183,6 @@ def test_a_model_that_fails_to_load(client, monkeypatch):
 
 
 def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
-    from app import handlers
-
     job = client.submit(
         **generate_args("Count from one to three hundred.", max_new_tokens=400), api_name="/generate"
     )
@@ -208,9 +202,6 @@ def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
     "path", ["/etc/passwd", str(ROOT / "decoding" / "models" / "loading.py"), "../../../etc/passwd"]
 )
 def test_no_file_outside_the_apps_folders_is_served(live_app, path):
-    import urllib.error
-    import urllib.request
-
     for route in (f"gradio_api/file={path}", f"file={path}"):
         try:
             with urllib.request.urlopen(live_app + route, timeout=10) as response:
@@ -293,8 +284,6 @@ def test_a_model_that_asks_for_remote_code_never_runs_it(client, tmp_path, monke
 
 
 def test_a_trace_file_far_too_large_is_refused_before_it_is_read(client, tmp_path):
-    from gradio_client import handle_file
-
     big = tmp_path / "big.json"
     with big.open("wb") as f:
         f.truncate(21_000_000)  # sparse: 21 MB that were never written

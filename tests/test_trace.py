@@ -15,6 +15,7 @@ from decoding.errors import TraceError
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
 from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, TRACE_VERSION, RunMeta, Trace, token_frame, validate
+from visualize.timeline import timeline_html
 
 V1_TRACE = Path(__file__).parent / "data" / "trace-v1.json"  # written before verdicts had kinds
 
@@ -205,8 +206,6 @@ def test_untraced_run_has_the_same_output_and_totals(tiny_target):
 
 
 def test_where_a_round_turned_the_trace_keeps_both_top_fives(tiny_target, tiny_draft):
-    from visualize.timeline import timeline_html
-
     prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9]])
     for sampling in (Sampling(), Sampling(1.0, seed=3)):
         trace = speculative_generate(
@@ -237,8 +236,6 @@ def test_where_a_round_turned_the_trace_keeps_both_top_fives(tiny_target, tiny_d
 
 
 def test_ngram_rounds_say_where_they_copied_from(tiny_target):
-    from visualize.timeline import timeline_html
-
     prompt_ids = [1, 5, 9, 3, 7, 5, 9, 3, 7, 5, 9]
     texts = [f"<{i}>" for i in prompt_ids]
     trace = speculative_generate(

@@ -14,6 +14,8 @@ from conftest import first_of
 from test_heads import random_head
 from test_sampling import ALPHA, chi2_pvalue
 
+from app.handlers import run_tree_theory
+from decoding import costmodel
 from decoding.api import RunConfig, generate
 from decoding.core.plain import Clock, autoregressive_generate, prefill
 from decoding.core.speculative import Decoder, speculative_generate, tree_round
@@ -25,6 +27,9 @@ from decoding.runtime.forward import forward, new_cache
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
 from decoding.trace import Trace, validate
+from visualize.explain import explain_round
+from visualize.timeline import timeline_html
+from visualize.tree import STATE_NAMES, tree_figure
 
 SHAPES = [(1, 1, 1), (4, 2, 2), (8, 2, 4), (16, 3, 5), (30, 4, 6)]  # nodes, branch, depth
 PROMPTS = [[1, 5, 9, 3, 7, 5, 9, 3, 7], [2, 2, 2, 8, 2, 2], [42]]
@@ -242,10 +247,6 @@ def test_trees_are_lossless_on_smollm2(smol, specbench):
 
 
 def test_a_tree_round_is_drawn_explained_and_labelled(tiny_target):
-    from visualize.explain import explain_round
-    from visualize.timeline import timeline_html
-    from visualize.tree import STATE_NAMES, tree_figure
-
     ids = torch.tensor([PROMPTS[0]])
     draft = ModelDraft(tiny_target, 64, "self")  # always right: every round keeps a path
     trace = speculative_generate(
@@ -269,8 +270,6 @@ def test_a_tree_round_is_drawn_explained_and_labelled(tiny_target):
 
 
 def test_refused_branches_are_explained(tiny_target, tiny_draft):
-    from visualize.explain import explain_round
-
     ids = torch.tensor([PROMPTS[0]])
     trace = speculative_generate(
         tiny_target,
@@ -288,8 +287,6 @@ def test_refused_branches_are_explained(tiny_target, tiny_draft):
 
 
 def test_the_tree_cost_model_reduces_to_the_chain_and_grows_with_the_tree():
-    from decoding import costmodel
-
     for alpha in (0.3, 0.7, 0.95):
         assert costmodel.expected_tokens_tree([alpha], 5, 5) == pytest.approx(
             costmodel.expected_tokens(alpha, 5)
@@ -308,8 +305,6 @@ def test_the_tree_cost_model_reduces_to_the_chain_and_grows_with_the_tree():
 
 
 def test_the_theory_tab_draws_the_best_tree_against_its_size():
-    from app.handlers import run_tree_theory
-
     fig, text = run_tree_theory(0.6, 0.2, 3, 4, 0.05, 0.1)
     names = [d.name for d in fig.data]
     assert names == ["tokens per round (tree)", "tokens per round (chain of 4)", "speedup (tree)"]

@@ -11,11 +11,28 @@ from dataclasses import replace
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+import torch
+from conftest import ROOT, tiny_model_folder
 
+from app.handlers import run_concurrency, run_theory
 from decoding import costmodel
+from decoding.api import RunConfig, plain_baseline
+from decoding.core.speculative import speculative_generate
+from decoding.drafts import LayerDraft
+from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
-from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, token_frame, validate
+from decoding.trace import (
+    Baseline,
+    DraftToken,
+    Emitted,
+    Output,
+    Round,
+    RunMeta,
+    Trace,
+    Verdict,
+    token_frame,
+    validate,
+)
 from visualize.cards import stats_html
 from visualize.charts import (
     accepted_length_histogram,
@@ -24,7 +41,8 @@ from visualize.charts import (
     workload_curve,
     workload_tokens_per_round,
 )
-from visualize.explain import explain_round
+from visualize.explain import explain_round, explain_round_markdown
+from visualize.race import plain_tokens, race_html, spec_tokens
 from visualize.simulate import simulate_trace
 from visualize.timeline import timeline_html, token_entropies
 
@@ -141,8 +159,6 @@ def test_cost_model_formulas():
 
 
 def test_the_theory_tab_uses_this_machines_measured_verify_cost():
-    from app.handlers import run_theory
-
     measured = {1: 1.0, 2: 1.24, 3: 1.31, 5: 1.55, 9: 1.77, 17: 2.26}  # the probe's figures here
     assert costmodel.verify_ratio_at(measured, 4) == pytest.approx(1.43)  # between 3 and 5
     assert costmodel.verify_ratio_at(measured, 21) == pytest.approx(2.26 + 0.49 * 4 / 8)  # the last slope on
@@ -171,8 +187,6 @@ def test_the_concurrency_what_if_is_the_cost_model_on_a_hand_made_v():
     )
     assert costmodel.concurrent_speedup(alpha, k, c, ratio, 4) == pytest.approx(2.952 / 2.15)  # 16 rows
     assert costmodel.break_even_concurrency(alpha, k, c, ratio) == 8
-    from app.handlers import run_concurrency
-
     fig, text = run_concurrency(alpha, c, 0.0, {1: 1.0, 8: 1.0, 64: 8.0})
     assert [d.name for d in fig.data] == [
         f"k={k}" for k in range(1, 7)
@@ -217,9 +231,6 @@ def test_decoding_imports_no_ui_code():
 
 def chips(html: str, kind: str) -> list[str]:
     """The popover text of every chip of one kind, unescaped."""
-    import html as html_lib
-    import re
-
     return [html_lib.unescape(t) for t in re.findall(rf'class="sl-tok sl-{kind}" data-tip="([^"]*)"', html)]
 
 
@@ -241,8 +252,6 @@ def test_discarded_tokens_are_greyed_unjudged_and_out_of_the_acceptance_chart():
 
 
 def with_baseline(trace: Trace, ids: list[int], greedy: bool = True, dtype: str = "float32") -> Trace:
-    from decoding.trace import Baseline
-
     trace.meta = replace(trace.meta, sampling=Sampling(temperature=0.0 if greedy else 0.8), dtype=dtype)
     trace.attach_baseline(Baseline("x", ids, 1.0, 6.0))
     return trace
@@ -268,8 +277,6 @@ def test_comparison_card_says_what_the_run_promises(greedy, dtype, same, label, 
 
 
 def test_round_sentences_in_markdown_escape_token_text():
-    from visualize.explain import explain_round_markdown
-
     step = Round(
         2,
         [DraftToken(1, "<img src=x>", 0.9), DraftToken(2, "**bold** [a](b)", 0.8)],
@@ -322,8 +329,6 @@ def test_a_slower_run_says_why_in_one_sentence_from_its_own_figures():
 
 
 def test_the_race_replays_both_runs_token_by_token_at_their_times():
-    from visualize.race import plain_tokens, race_html, spec_tokens
-
     trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
     html = race_html(trace)
     data = json.loads(html_lib.unescape(re.search(r'data-race="([^"]*)"', html).group(1)))
@@ -339,9 +344,6 @@ def test_the_race_replays_both_runs_token_by_token_at_their_times():
 
 
 def test_a_plain_run_records_each_tokens_time_and_text(tmp_path):
-    from conftest import tiny_model_folder
-
-    from decoding.api import RunConfig, plain_baseline
 
     folder = tiny_model_folder(tmp_path / "tiny")
     base = plain_baseline(RunConfig(target=str(folder), prompt="a b c", chat=False, max_new_tokens=20))
@@ -352,11 +354,6 @@ def test_a_plain_run_records_each_tokens_time_and_text(tmp_path):
 def test_the_entropy_strip_shows_the_traces_entropies(tiny_target):
     """Each bar's value is the trace's; the first is the entropy of the target's own distribution
     after the prompt; refused positions carry the correction's colour."""
-    import torch
-
-    from decoding.core.speculative import speculative_generate
-    from decoding.drafts import LayerDraft
-    from decoding.settings.policies import make_policy
 
     prompt = torch.tensor([[3, 14, 15, 9, 2, 6]])
     trace = speculative_generate(
