@@ -15,9 +15,10 @@ from conftest import PROMPTS, ROOT, tiny_llama, tiny_model_folder
 from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 from transformers import AutoModelForCausalLM
 
+from decoding.api import encode_prompt
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import iter_trace, speculative_generate
-from decoding.drafts import HybridDraft, NGramDraft
+from decoding.drafts import HYBRID_HEAD_K, HYBRID_MIN_MATCH, HybridDraft, NGramDraft, build_draft
 from decoding.drafts.head import (
     EagleHead,
     FeatureTap,
@@ -31,6 +32,7 @@ from decoding.models.loading import load_model
 from decoding.runtime.rowlinear import RowLinear
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
+from decoding.tools.cli import main
 from decoding.tools.prompts import read_prompts
 from decoding.tools.train_head import (
     TrainConfig,
@@ -85,8 +87,6 @@ def trained_tiny(tmp_path_factory):
         "--lr",
         "3e-3",
     ]
-    from decoding.tools.cli import main
-
     assert main(argv) == 0
     return folder, out, work, argv
 
@@ -107,8 +107,6 @@ def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) >= {"fc.weight", "midlayer.self_attn.q_proj.weight", "d2t", "t2d"}
     answers = (work / "answers.jsonl").read_text()
-    from decoding.tools.cli import main
-
     assert main(argv) == 0  # every stage is found done: nothing is generated or trained again
     assert (work / "answers.jsonl").read_text() == answers
     assert "train: " not in capsys.readouterr().err
@@ -177,13 +175,15 @@ def test_hybrid_draft_is_lossless_and_names_its_source(trained_tiny):
     for prompt in ([3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 2, 9, 2, 9, 2], [20, 21, 5]):
         ids = torch.tensor([prompt])
         expected = autoregressive_generate(target, ids, max_new_tokens=40).token_ids
-        for k, min_match in [(1, 1), (3, 2), (5, 2), (8, 3)]:
-            draft = HybridDraft(NGramDraft(), HeadDraft(head, target, "head"), min_match)
+        for k, min_match, head_k in [(1, 1, 0), (3, 2, 0), (5, 2, 2), (8, 3, 1)]:
+            draft = HybridDraft(NGramDraft(), HeadDraft(head, target, "head"), min_match, head_k)
             trace = speculative_generate(target, ids, draft, make_policy("fixed", k), max_new_tokens=40)
             assert trace.output.token_ids == expected, f"k={k} prompt={prompt}"
             validate(trace)
             sources |= {r.source for r in trace.rounds}
-            assert all(r.k > 0 for r in trace.rounds if r.source == "head")  # its features lined up
+            head_rounds = [r for r in trace.rounds if r.source == "head"]
+            assert all(r.k > 0 for r in head_rounds)  # its features lined up
+            assert all(len(r.draft) <= (head_k or k) for r in head_rounds)
     assert sources - {None} == {"ngram", "head"}  # None: a last round with no room to draft
 
 
@@ -465,9 +465,6 @@ def test_the_shipped_head_fits_in_a_space_and_names_its_command():
 
 
 def test_the_shipped_head_is_lossless_on_smollm2(smol):
-    from decoding.api import encode_prompt
-    from decoding.drafts import build_draft
-
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
     accepted = 0
     for row in (rows[0], rows[-1]):
@@ -484,12 +481,16 @@ def test_the_shipped_head_is_lossless_on_smollm2(smol):
 
 
 def test_hybrid_specs_name_their_threshold_and_refuse_nonsense(smol):
-    from decoding.drafts import HYBRID_MIN_MATCH, build_draft
-
-    assert build_draft("ngram+head", smol).min_match == HYBRID_MIN_MATCH
+    assert (build_draft("ngram+head", smol).min_match, build_draft("ngram+head", smol).head_k) == (
+        HYBRID_MIN_MATCH,
+        HYBRID_HEAD_K,
+    )
     assert build_draft("ngram+head", smol).name == "ngram+head"
     draft = build_draft("ngram+head@3", smol)
     assert (draft.min_match, draft.name) == (3, "ngram+head@3")
-    for bad in ("ngram+head@0", "ngram+head@x", "ngram+heads"):
+    draft = build_draft("ngram+head@1/1", smol)
+    assert (draft.min_match, draft.head_k, draft.name) == (1, 1, "ngram+head@1/1")
+    assert build_draft("ngram+head@1/0", smol).head_k == 0  # no cap: the round's k
+    for bad in ("ngram+head@0", "ngram+head@x", "ngram+heads", "ngram+head@1/x", "ngram+head@1/99"):
         with pytest.raises(SpecLensError, match="ngram\\+head@M"):
             build_draft(bad, smol)

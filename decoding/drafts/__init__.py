@@ -15,9 +15,10 @@ from ..errors import SpecLensError
 from ..models.loading import LoadedModel, compile_forward, load_model
 from ..models.paths import public_name
 from ..runtime.rowlinear import use_row_kernel
+from ..settings.policies import K_MAX
 from .cross_tokenizer import CrossTokenizerDraft
 from .head import HeadDraft, load_head, shipped_head
-from .hybrid import HYBRID_MIN_MATCH, HybridDraft
+from .hybrid import HYBRID_HEAD_K, HYBRID_MIN_MATCH, HybridDraft
 from .layers import LayerDraft
 from .model import ModelDraft
 from .ngram import NGramDraft
@@ -77,17 +78,28 @@ def _head_draft(spec: str, target: LoadedModel) -> Draft:
 
 
 def _hybrid_draft(spec: str, target: LoadedModel) -> Draft:
-    """`ngram+head`, `ngram+head@M` (n-gram where the last M or more tokens recur), `…:PATH` (that head)."""
+    """`ngram+head`, `ngram+head@M` (n-gram where the last M or more tokens recur), `ngram+head@M/H`
+    (the head drafting at most H tokens a round, 0 for the round's k), `…:PATH` (that head)."""
     rest = spec.removeprefix("ngram+head")
-    threshold, _, path = rest.partition(":")
+    settings, _, path = rest.partition(":")
+    threshold, slash, cap = settings.removeprefix("@").partition("/")
     try:
-        min_match = int(threshold.removeprefix("@")) if threshold else HYBRID_MIN_MATCH
+        min_match = int(threshold) if threshold else HYBRID_MIN_MATCH
+        head_k = int(cap) if slash else HYBRID_HEAD_K
     except ValueError:
-        min_match = 0
-    if rest and not rest.startswith(("@", ":")) or not 1 <= min_match <= NGramDraft().max_ngram:
-        raise SpecLensError(f"'{spec}': write ngram+head, ngram+head@M (M from 1 to 3) or ngram+head:PATH")
+        min_match = head_k = -1
+    if (
+        rest
+        and not rest.startswith(("@", ":"))
+        or not 1 <= min_match <= NGramDraft().max_ngram
+        or not 0 <= head_k <= K_MAX
+    ):
+        raise SpecLensError(
+            f"'{spec}': write ngram+head, ngram+head@M (M from 1 to 3), ngram+head@M/H "
+            f"(the head drafting at most H tokens, 0 to {K_MAX}) or ngram+head:PATH"
+        )
     head = _head_draft(f"head:{path}" if path else "head", target)
-    return HybridDraft(NGramDraft(), head, min_match)
+    return HybridDraft(NGramDraft(), head, min_match, head_k)
 
 
 def same_tokenizer(target_tok, draft_tok) -> bool:

@@ -8,14 +8,17 @@ from ..core.proposal import Draft, Proposal
 from .head import HeadDraft
 from .ngram import NGramDraft
 
-# The default threshold: the fastest of 1, 2 and 3 on the dev prompts (docs/trained-head.md).
+# The defaults, measured on the dev prompts (docs/trained-head.md): threshold 1 was the fastest
+# of 1, 2 and 3; capping the head's rounds at 2 tokens (or 1) was faster than none (0).
 HYBRID_MIN_MATCH = 1
+HYBRID_HEAD_K = 2
 
 
 class HybridDraft(Draft):
     """Each round drafts with n-gram lookup when the last `min_match` tokens or more occurred
     before (a copy that long is usually right: summaries, quotes, code), and with the head
-    otherwise. The round's trace names which of the two drafted it (`Round.source`).
+    otherwise, drafting at most `head_k` tokens (0: the round's k) where the head is right
+    less often than a copy. The round's trace names which of the two drafted it (`Round.source`).
 
     The head reads the target's features only in the rounds it drafts: the rows of the
     rounds in between stay tapped (cut to what was kept) and are read all at once, in one
@@ -25,10 +28,17 @@ class HybridDraft(Draft):
 
     kind = "hybrid"
 
-    def __init__(self, ngram: NGramDraft, head: HeadDraft, min_match: int = HYBRID_MIN_MATCH) -> None:
+    def __init__(
+        self,
+        ngram: NGramDraft,
+        head: HeadDraft,
+        min_match: int = HYBRID_MIN_MATCH,
+        head_k: int = HYBRID_HEAD_K,
+    ) -> None:
         self.ngram, self.head = ngram, head
-        self.min_match = min_match
-        at = "" if min_match == HYBRID_MIN_MATCH else f"@{min_match}"
+        self.min_match, self.head_k = min_match, head_k
+        at = "" if (min_match, head_k) == (HYBRID_MIN_MATCH, HYBRID_HEAD_K) else f"@{min_match}"
+        at += "" if head_k == HYBRID_HEAD_K else f"/{head_k}"
         self.name = f"ngram+head{at}{head.name.removeprefix('head')}"  # as build_draft spells it
 
     def reset(self) -> None:
@@ -44,7 +54,7 @@ class HybridDraft(Draft):
             proposal = self.ngram.propose(seq, k, sampling, generator, stop)
             proposal.source = "ngram"
         else:
-            proposal = self.head.propose(seq, k, sampling, generator, stop)
+            proposal = self.head.propose(seq, min(k, self.head_k or k), sampling, generator, stop)
             proposal.source = "head"
         return proposal
 
