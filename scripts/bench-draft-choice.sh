@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The measurements that choose the offline default draft (docs/trained-head.md): n-gram, the
-# trained head and the hybrid at each threshold (and with the head's rounds capped) on the dev prompts, each run against plain
-# decoding in the same process. Then the README's table is regenerated.
+# trained head and the hybrid at each threshold and with the head's rounds capped, on the dev
+# prompts, each run against plain decoding in the same process. Then the README's table is
+# regenerated.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

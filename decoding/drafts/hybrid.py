@@ -8,8 +8,8 @@ from ..core.proposal import Draft, Proposal
 from .head import HeadDraft
 from .ngram import NGramDraft
 
-# The defaults, measured on the dev prompts (docs/trained-head.md): threshold 1 was the fastest
-# of 1, 2 and 3; capping the head's rounds at 2 tokens (or 1) was faster than none (0).
+# The defaults, measured on the dev prompts (docs/trained-head.md): threshold 1 was as fast as
+# any of 1, 2 and 3; capping the head's rounds at 2 tokens (or 1) was faster than none (0).
 HYBRID_MIN_MATCH = 1
 HYBRID_HEAD_K = 2
 
