@@ -481,11 +481,8 @@ def test_the_shipped_head_is_lossless_on_smollm2(smol):
 
 
 def test_hybrid_specs_name_their_threshold_and_refuse_nonsense(smol):
-    assert (build_draft("ngram+head", smol).min_match, build_draft("ngram+head", smol).head_k) == (
-        HYBRID_MIN_MATCH,
-        HYBRID_HEAD_K,
-    )
-    assert build_draft("ngram+head", smol).name == "ngram+head"
+    hybrid = build_draft("ngram+head", smol)
+    assert (hybrid.min_match, hybrid.head_k, hybrid.name) == (HYBRID_MIN_MATCH, HYBRID_HEAD_K, "ngram+head")
     draft = build_draft("ngram+head@3", smol)
     assert (draft.min_match, draft.name) == (3, "ngram+head@3")
     draft = build_draft("ngram+head@1/1", smol)
