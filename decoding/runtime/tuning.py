@@ -2,8 +2,8 @@
 
 How far ahead to prefetch weights, whether to prefetch at all when a
 product's rows fit one tile, and how many threads share a product decide
-whether checking 5 tokens costs the same as checking 1: on a 2-core AMD EPYC the hardware prefetchers alone serve one
-tile best, while on a 2-core Intel Xeon (Sapphire Rapids) the same build
+whether checking 5 tokens costs the same as checking 1: on a 2-core AMD
+EPYC the hardware prefetchers alone serve one tile best, while on a 2-core Intel Xeon (Sapphire Rapids) the same build
 checked 5 tokens in 1.41 plain steps and 9 in fewer. A kernel library picks
 such choices per machine; so does this. The first time a compiled kernel is
 loaded it times each candidate on products shaped like a small model's
@@ -48,6 +48,12 @@ PANEL_CANDIDATES = [
     for chunk in (16, 32, 64)
 ]
 ROW_CANDIDATES = [{"prefetch_weight_rows_ahead": rows} for rows in (0, 4, 8, 16)]
+ROWS = (1, 3, 5, 9, 17)  # a plain step, then verifications of k = 2, 4, 8 and a 16-node tree
+# 24 products of 576 × 1536 (SmolLM2-135M's MLP shape): 85 MB, past a server's L3 as a model's step
+# is (with 42 MB, a 32 MB L3 kept enough of it to make the candidates' order change run to run).
+K, N, PRODUCTS = 576, 1536, 24
+REPEATS = 5
+MARGIN = 0.03  # a candidate replaces the defaults only when this much faster (geometric mean over ROWS)
 
 
 def thread_candidates() -> list[dict[str, int]]:
@@ -55,14 +61,6 @@ def thread_candidates() -> list[dict[str, int]]:
     weights as fast on fewer threads, each then waiting less at the barriers."""
     threads = torch.get_num_threads()
     return [{"threads_per_product": 0}] + ([{"threads_per_product": threads // 2}] if threads >= 2 else [])
-
-
-ROWS = (1, 3, 5, 9, 17)  # a plain step, then verifications of k = 2, 4, 8 and a 16-node tree
-# 24 products of 576 × 1536 (SmolLM2-135M's MLP shape): 85 MB, past a server's L3 as a model's step
-# is (with 42 MB, a 32 MB L3 kept enough of it to make the candidates' order change run to run).
-K, N, PRODUCTS = 576, 1536, 24
-REPEATS = 5
-MARGIN = 0.03  # a candidate replaces the defaults only when this much faster (geometric mean over ROWS)
 
 
 def apply(lib: ctypes.CDLL, choices: dict[str, int]) -> None:
