@@ -54,24 +54,38 @@ def fingerprint(target: nn.Module) -> str:
 
 
 def head_config_json(c: HeadConfig, speclens: dict | None = None) -> dict:
-    """config.json in EAGLE-3's keys (what vLLM and SGLang read), plus SpecLens's own block."""
+    """config.json in EAGLE-3's keys as vLLM and SGLang read them, plus SpecLens's own block.
+
+    The two servers number the tapped layers differently: vLLM reads the top-level
+    `eagle_aux_hidden_state_layer_ids` as the layers whose inputs it taps (as SpecLens
+    does), SGLang reads only `eagle_config`'s and taps the input of each id + 1 (the
+    output of layer id), so that list is one lower. `tie_word_embeddings` stays false
+    whatever the target does: SGLang would otherwise draft with the embedding over the
+    whole vocabulary instead of `lm_head` over the draft vocabulary.
+    """
     out = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         "hidden_act": "silu",
         "hidden_size": c.hidden_size,
+        "target_hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
         "num_attention_heads": c.num_attention_heads,
         "num_key_value_heads": c.num_key_value_heads,
         "head_dim": c.head_dim,
         "num_hidden_layers": 1,
+        "max_position_embeddings": c.max_position_embeddings,
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta,
         "vocab_size": c.vocab_size,
         "draft_vocab_size": c.draft_vocab_size,
         "tie_word_embeddings": False,
         "torch_dtype": "float16",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.aux_layers)},
+        "eagle_aux_hidden_state_layer_ids": list(c.aux_layers),
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in c.aux_layers],
+            "use_aux_hidden_state": True,
+        },
     }
     if speclens:
         out["speclens"] = speclens
@@ -149,10 +163,7 @@ def read_head_config(folder: Path, target_config) -> tuple[HeadConfig, dict]:
             f"this head is for a vocabulary of {raw.get('vocab_size')} tokens, the target has {target_config.vocab_size}"
         )
     base = HeadConfig.for_target(target_config, int(raw["draft_vocab_size"]))
-    eagle = raw.get("eagle_config")
-    layers = (
-        eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
-    ) or base.aux_layers
+    layers = aux_layers(raw) or base.aux_layers
     n_layers = target_config.num_hidden_layers
     if (
         not isinstance(layers, list | tuple)
@@ -164,6 +175,22 @@ def read_head_config(folder: Path, target_config) -> tuple[HeadConfig, dict]:
         return _head_config(raw, base, tuple(layers)), raw
     except (TypeError, ValueError, ZeroDivisionError) as exc:
         raise SpecLensError(f"head config.json has a malformed value: {exc}") from None
+
+
+def aux_layers(raw: dict) -> object:
+    """The target layers whose inputs a head config says its head reads, or None if it names none.
+
+    A top-level list counts as it does in vLLM; else `eagle_config`'s counts as in SGLang,
+    which taps the input of each id + 1. A malformed value comes back as it is, to be refused.
+    """
+    top = raw.get("eagle_aux_hidden_state_layer_ids")
+    if top:
+        return top
+    eagle = raw.get("eagle_config")
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+        return [i + 1 for i in ids]
+    return ids
 
 
 def _head_config(raw: dict, base: HeadConfig, layers: tuple[int, ...]) -> HeadConfig:
@@ -181,6 +208,7 @@ def _head_config(raw: dict, base: HeadConfig, layers: tuple[int, ...]) -> HeadCo
         vocab_size=base.vocab_size,
         draft_vocab_size=base.draft_vocab_size,
         aux_layers=layers,
+        max_position_embeddings=base.max_position_embeddings,
     )
 
 

@@ -32,6 +32,8 @@ class HeadConfig:
     vocab_size: int  # the target's
     draft_vocab_size: int
     aux_layers: tuple[int, int, int]  # target layers whose inputs the head reads
+    # SpecLens's rope needs no table, but vLLM and SGLang size theirs by it.
+    max_position_embeddings: int = 2048
 
     @classmethod
     def for_target(cls, config, draft_vocab_size: int) -> HeadConfig:
@@ -49,6 +51,7 @@ class HeadConfig:
             vocab_size=config.vocab_size,
             draft_vocab_size=draft_vocab_size,
             aux_layers=(min(2, n - 1), n // 2, max(n - 3, 0)),
+            max_position_embeddings=getattr(config, "max_position_embeddings", None) or 2048,
         )
 
 
