@@ -153,18 +153,24 @@ def training_sequences(tokenizer, rows: list[dict], answers: list[dict], max_len
 
 def conversation_ids(tokenizer, messages: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
     """A conversation's token ids in the chat template, and which of them are an assistant's
-    (from after its turn's header to its end-of-turn token, which it must learn to predict too)."""
+    (from after its turn's header to its end-of-turn token, which it must learn to predict too).
 
-    def length(upto: int, header: bool) -> int:
-        text = tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=header, tokenize=False)
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    The text is tokenized once; each turn's span is found by the length of the template's text up
+    to it, which is a prefix of the whole (tokenizing every prefix instead is quadratic)."""
+
+    def chars(upto: int, header: bool) -> int:
+        return len(
+            tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=header, tokenize=False)
+        )
 
     text = tokenizer.apply_chat_template(messages, tokenize=False)
-    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = torch.tensor(enc["input_ids"])
+    starts = torch.tensor([start for start, _ in enc["offset_mapping"]])
     answer = torch.zeros(len(ids), dtype=torch.bool)
     for i, m in enumerate(messages):
         if m["role"] == "assistant":
-            answer[length(i, True) : length(i + 1, False)] = True
+            answer |= (starts >= chars(i, True)) & (starts < chars(i + 1, False))
     return ids, answer
 
 
