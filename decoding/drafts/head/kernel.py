@@ -39,9 +39,10 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 def kernel_step(head: EagleHead) -> HeadKernel | None:
     """The head's step through the layer kernel, made once per head; None where it does not apply."""
-    if "_speclens_kernel" not in head.__dict__:
-        head._speclens_kernel = HeadKernel(head) if HeadKernel.fits(head) else None
-    return head._speclens_kernel
+    kernel = head.__dict__.get("_speclens_kernel")
+    if kernel is None and HeadKernel.fits(head):
+        kernel = head._speclens_kernel = HeadKernel(head)
+    return kernel
 
 
 class HeadKernel:
