@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from decoding.api import encode_prompt
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import iter_trace, speculative_generate
+from decoding.core.tree import TreeShape
 from decoding.drafts import HYBRID_HEAD_K, HYBRID_MIN_MATCH, HybridDraft, NGramDraft, build_draft
 from decoding.drafts.head import (
     EagleHead,
@@ -25,11 +26,13 @@ from decoding.drafts.head import (
     HeadCache,
     HeadConfig,
     HeadDraft,
+    HeadKernel,
     load_head,
 )
 from decoding.errors import SpecLensError
 from decoding.models.loading import load_model
-from decoding.runtime.rowlinear import RowLinear
+from decoding.runtime import llama
+from decoding.runtime.rowlinear import RowLinear, use_row_kernel
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
 from decoding.tools.cli import main
@@ -590,3 +593,60 @@ def test_train_head_takes_conversations_and_prompts_in_one_file(tmp_path):
     assert sorted(answered) == [0, 1, 2, 3]  # conversations get no generated answer
     card = json.loads((out / "config.json").read_text())["speclens"]
     assert card["sequences_trained"] == 8
+
+
+def _drafted(trace) -> tuple[list, list]:
+    """Each round's drafted tokens (a tree's every node with its parent), and their draft probabilities."""
+    tokens = [
+        [(n.id, n.parent) for n in r.tree] if r.tree is not None else [d.id for d in r.draft]
+        for r in trace.rounds
+    ]
+    qs = [[n.q for n in (r.tree if r.tree is not None else r.draft)] for r in trace.rounds]
+    return tokens, qs
+
+
+def _assert_drafts_alike(target, ids, kernel: HeadDraft, eager: HeadDraft, tokens: int) -> int:
+    """Greedy chains of k = 3 and 16-node trees: the same drafts from both; the number of rounds."""
+    rounds = 0
+    for tree in (None, TreeShape(16, 3)):
+        runs = [
+            speculative_generate(target, ids, d, make_policy("fixed", 3), max_new_tokens=tokens, tree=tree)
+            for d in (kernel, eager)
+        ]
+        (drafts, qs), (expected, expected_qs) = (_drafted(t) for t in runs)
+        assert drafts == expected, f"tree={tree}"
+        assert np.allclose(sum(qs, []), sum(expected_qs, []), atol=1e-5)
+        rounds += len(runs[0].rounds)
+    return rounds
+
+
+@pytest.mark.parametrize("hidden", [32, 64])
+def test_the_head_drafts_through_the_layer_kernel_what_its_modules_draft(hidden):
+    """A tiny float32 target in the default CPU mode and a head built from its config."""
+    target = tiny_llama(seed=0, init=0.3, hidden=hidden).to(torch.float32)
+    assert use_row_kernel(target) and llama.use_layer_kernel(target)
+    head = random_head(target, list(range(0, 64, 2)), std=0.2)
+    assert HeadDraft(head, target, "h").stepper is head  # not the row kernel's linears: its modules
+    use_row_kernel(head, panels=False)  # as build_draft does on the kernel path
+    kernel = HeadDraft(head, target, "h")
+    assert isinstance(kernel.stepper, HeadKernel)
+    for prompt in ([5, 6, 7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]):
+        eager = HeadDraft(head, target, "h", kernel=False)
+        _assert_drafts_alike(target, torch.tensor([prompt]), kernel, eager, 40)
+
+
+def test_the_head_keeps_its_modules_off_the_cpu_fast_path(tiny_target):
+    head = random_head(tiny_target, list(range(0, 64, 2)))  # float64: no kernel
+    assert HeadDraft(head, tiny_target, "h").stepper is head
+
+
+def test_the_shipped_head_drafts_through_the_layer_kernel_what_its_modules_draft(smol):
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+    rounds = 0
+    for row in (rows[0], rows[-1]):
+        ids = encode_prompt(smol, row["prompt"], chat=True)
+        kernel = build_draft("head", smol)
+        assert smol.row_kernel and isinstance(kernel.stepper, HeadKernel)  # chosen in the default CPU mode
+        eager = HeadDraft(kernel.head, smol.model, "head", kernel=False)
+        rounds += _assert_drafts_alike(smol.model, ids, kernel, eager, 40)
+    assert rounds > 20

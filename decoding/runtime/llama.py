@@ -86,12 +86,13 @@ def fuse_projections(model: torch.nn.Module) -> None:
     """
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        attn.qkv_proj = fused_linear(attn.q_proj, attn.k_proj, attn.v_proj)
         attn.qkv_sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
-        mlp.gate_up_proj = _fused(mlp.gate_proj, mlp.up_proj)
+        mlp.gate_up_proj = fused_linear(mlp.gate_proj, mlp.up_proj)
 
 
-def _fused(*parts: RowLinear) -> RowLinear:
+def fused_linear(*parts: RowLinear) -> RowLinear:
+    """One kernel product for `parts` (their outputs side by side); each part's weight becomes a view of it."""
     fused = torch.nn.Linear(
         parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None
     )

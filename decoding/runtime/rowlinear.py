@@ -44,7 +44,10 @@ from ..settings.environment import cache_dir, cpu_info
 from .tuning import TUNED, tune
 
 KERNELS = Path(__file__).parent / "kernels"
-SOURCES = (KERNELS / "rowlinear.cpp", KERNELS / "layer.cpp")  # layer.cpp: llama.py's decoder layer
+SOURCES = (
+    KERNELS / "rowlinear.cpp",
+    KERNELS / "layer.cpp",
+)  # layer.cpp: llama.py's and the draft head's layer
 KERNEL_FILES = (*SOURCES, KERNELS / "rows.h")
 # -ffp-contract=off: no fused multiply-adds but the kernels' own, so the
 # elementwise parts round as torch's ops do.
@@ -105,6 +108,7 @@ def library() -> ctypes.CDLL | None:
         "silu_rows": [ptr, ptr, i64],
         "attention": [ptr],
         "llama_layers": [ptr, ptr, i64, ptr],
+        "eagle_layer": [ptr] * 4,
         "rowlinear_settings": [ptr],
         "rowlinear_tune": [ptr],
     }.items():

@@ -4,12 +4,14 @@ A head is one decoder layer that reads three of the target's own hidden
 states (a low, a middle and a high layer, tapped while the target verifies)
 together with the embedding of the next token, and predicts the token after
 it from a reduced draft vocabulary. `model` is the module, `tap` reads the
-target's features, `files` saves and loads it as vLLM and SGLang do, and
-`draft` makes it a draft source.
+target's features, `files` saves and loads it as vLLM and SGLang do,
+`draft` makes it a draft source and `kernel` runs its step through the
+layer kernel in the default CPU mode.
 """
 
 from .draft import HeadDraft
 from .files import HEADS_DIR, fingerprint, load_head, save_head, shipped_head
+from .kernel import HeadKernel
 from .model import EagleHead, HeadCache, HeadConfig
 from .tap import FeatureTap
 
@@ -20,6 +22,7 @@ __all__ = [
     "HeadCache",
     "HeadConfig",
     "HeadDraft",
+    "HeadKernel",
     "fingerprint",
     "load_head",
     "save_head",

@@ -11,18 +11,24 @@ from ...core.proposal import TOP_N, Draft, Proposal, empty_proposal
 from ...core.tree import TokenTree, grow_tree, level_mask
 from ...core.verify import warp
 from ...settings.sampling import Sampling
+from .kernel import HeadKernel, kernel_step
 from .model import EagleHead, HeadCache
 from .tap import FeatureTap
 
 
 class HeadDraft(Draft):
-    """Drafts with a trained head reading the target's features; `kind` "head"."""
+    """Drafts with a trained head reading the target's features; `kind` "head".
+
+    Its steps run through the layer kernel where the head's linear layers are the
+    row kernel's (the default CPU mode, `kernel.py`), else through its own modules;
+    `kernel=False` keeps the modules."""
 
     kind = "head"
     drafts_trees = True
 
-    def __init__(self, head: EagleHead, target: nn.Module, name: str) -> None:
+    def __init__(self, head: EagleHead, target: nn.Module, name: str, kernel: bool = True) -> None:
         self.head = head
+        self.stepper: EagleHead | HeadKernel = (kernel and kernel_step(head)) or head
         self.embed = target.get_input_embeddings()
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.tap = FeatureTap.on(target, head.c.aux_layers)
@@ -39,9 +45,9 @@ class HeadDraft(Draft):
     def watching_target(self) -> contextlib.AbstractContextManager:
         return self.tap.recording(self.rows)
 
-    def _read_target(self, seq: torch.Tensor) -> torch.Tensor | None:
+    def _read_target(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Feed the head the target's new features: the output row that predicts the
-        token after `seq`, or None when the features do not line up with `seq`."""
+        token after `seq` and its logits, or None when the features do not line up with `seq`."""
         feats = self.tap.take(self.rows)
         n = feats.shape[0]
         if n == 0 or self.fed + n != seq.shape[1] - 1:
@@ -50,21 +56,22 @@ class HeadDraft(Draft):
         dtype = head.fc.weight.dtype
         # Feature of position t, embedding of token t+1: the last row predicts the next token.
         emb = self.embed(seq[0, self.fed + 1 :]).to(dtype)
-        out = head.step(emb, head.fc(feats.to(dtype)), self.cache)[-1:]
+        out, logits = self.stepper.step_logits(emb, head.fc(feats.to(dtype)), self.cache)
         self.fed += n
-        return out
+        return out[-1:], logits
 
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator, stop=None):
-        out = self._read_target(seq)
-        if out is None:
+        read = self._read_target(seq)
+        if read is None:
             return empty_proposal(seq.device)  # draft nothing
+        out, logits = read
         head = self.head
         dtype = head.fc.weight.dtype
         draft_ids = head.draft_ids
         tokens, qs, dists, tops = [], [], [], []
         for _ in range(k):
-            logits = head.logits(out)[0].float()
+            logits = logits[0].float()
             if sampling.greedy:
                 # Over the draft vocabulary only: the rest of the target's has probability 0.
                 probs = logits.softmax(-1)
@@ -80,7 +87,7 @@ class HeadDraft(Draft):
             tops.append((top.values, draft_ids[top.indices]))
             if len(tokens) == k or (stop is not None and stop.stops(probs)):
                 break
-            out = head.step(self.embed(tokens[-1].view(1)).to(dtype), out, self.cache)
+            out, logits = self.stepper.step_logits(self.embed(tokens[-1].view(1)).to(dtype), out, self.cache)
         return Proposal.from_steps(tokens, qs, dists, tops, seq.device)
 
     def _full_width(
@@ -97,18 +104,19 @@ class HeadDraft(Draft):
         """Each level is one head step over the nodes it expands: a node reads its own
         token's embedding and, as its feature, the output row that proposed it (EAGLE's
         draft-time input), seeing the real rows and its ancestors only."""
-        root = self._read_target(seq)
-        if root is None:
+        read = self._read_target(seq)
+        if read is None:
             return TokenTree()
         head, dtype = self.head, self.head.fc.weight.dtype
-        outputs: dict[int, torch.Tensor] = {-1: root[0]}  # node -> the output row after it
+        outputs: dict[int, torch.Tensor] = {-1: read[0][0]}  # node -> the output row after it
+        logits: dict[int, torch.Tensor] = {-1: read[1][0]}  # node -> the logits of that row
         slots: dict[int, int] = {}
 
         def expand(tree: TokenTree, frontier: list[int]) -> list[list[tuple[int, float]]]:
             if frontier != [-1]:
                 past = len(self.cache)
                 ids = torch.tensor([tree.tokens[i] for i in frontier], device=seq.device)
-                rows = head.step(
+                rows, level = self.stepper.step_logits(
                     self.embed(ids).to(dtype),
                     torch.stack([outputs[tree.parents[i]] for i in frontier]),
                     self.cache,
@@ -116,10 +124,12 @@ class HeadDraft(Draft):
                         [self.fed - 1 + tree.depth(i) for i in frontier], device=seq.device
                     ),
                     mask=level_mask(tree, frontier, slots, self.fed, past).to(seq.device),
+                    keep=len(frontier),
                 )
                 slots.update({node: past + j for j, node in enumerate(frontier)})
                 outputs.update(zip(frontier, rows))
-            probs = head.logits(torch.stack([outputs[i] for i in frontier])).float().softmax(-1)
+                logits.update(zip(frontier, level))
+            probs = torch.stack([logits[i] for i in frontier]).float().softmax(-1)
             top = torch.topk(probs, min(shape.branch, probs.shape[-1]))
             ids = head.draft_ids[top.indices]
             return [list(zip(i.tolist(), p.tolist())) for p, i in zip(top.values, ids)]

@@ -75,13 +75,18 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def rotation(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's rotary cos and sin ([n, dim], float32) at `positions` ([n])."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float) / dim))
+    freqs = positions.float()[:, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Llama's rotary embedding of x ([..., n, head_dim]) at `positions` ([n])."""
     dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float) / dim))
-    freqs = positions.float()[:, None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    cos, sin = (t.to(x.dtype) for t in rotation(positions, dim, theta))
     half = dim // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -163,12 +168,17 @@ class HeadCache:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The cache with k and v after its rows (views of its buffers, valid until the next append)."""
         end = self.length + k.shape[1]
-        if self.k is None or end > self.k.shape[1]:
-            self.k, self.v = (self._grown(old, new, end) for old, new in ((self.k, k), (self.v, v)))
+        self.reserve(end, k)
         self.k[:, self.length : end] = k
         self.v[:, self.length : end] = v
         self.length = end
         return self.k[:, :end], self.v[:, :end]
+
+    def reserve(self, end: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers ([kv_heads, capacity, d], like `like`), with room for `end` rows."""
+        if self.k is None or end > self.k.shape[1]:
+            self.k, self.v = (self._grown(old, like, end) for old in (self.k, self.v))
+        return self.k, self.v
 
     def _grown(self, old: torch.Tensor | None, like: torch.Tensor, rows: int) -> torch.Tensor:
         heads, _, dim = like.shape
@@ -229,6 +239,19 @@ class EagleHead(nn.Module):
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary."""
         return self.lm_head(self.norm(out))
+
+    def step_logits(
+        self,
+        emb: torch.Tensor,
+        feature: torch.Tensor,
+        cache: HeadCache,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`step`'s outputs [n, h] and the logits of the last `keep` of them: a drafting step."""
+        out = self.step(emb, feature, cache, positions, mask)
+        return out, self.logits(out[out.shape[0] - keep :])
 
 
 # --- files -----------------------------------------------------------------

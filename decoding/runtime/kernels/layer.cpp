@@ -402,6 +402,12 @@ struct Step {
   const Head* head;  // after the last layer, or null
 };
 
+// What an EAGLE-3 head's layer reads besides its residual stream (the feature
+// rows): the next tokens' embeddings [n, hidden] and the norm it gives the features.
+struct EagleInput {
+  const float *emb, *hidden_norm;
+};
+
 // A layer's intermediate rows that the threads share: qkv [n, QKV], attended [n, Q], gate_up [n, 2I].
 static int64_t buffer_floats(const Layer* l, int64_t n) {
   const int64_t d = l->head_dim, Q = l->heads * d, QKV = Q + 2 * l->kv_heads * d;
@@ -421,14 +427,24 @@ static int64_t buffer_floats(const Layer* l, int64_t n) {
 // those exchanges cost more than the work: on a 2-core AMD EPYC, doing it all
 // twice made 1, 5 and 9 rows 0.2-0.35 ms (2%) faster there, and no slower
 // otherwise.
+//
+// An EAGLE-3 head's layer (`eagle` given) attends over [input_norm(embedding) ;
+// hidden_norm(x)], twice the hidden width, while x stays the residual stream.
 static void layer_rows(const Layer* l, const LayerCache& c, const Step& s, float* x, float* buffers, Share* shares,
-                       uint64_t number) {
+                       uint64_t number, const EagleInput* eagle = nullptr) {
   const int64_t n = s.n, D = l->hidden, d = l->head_dim, I = l->intermediate;
-  const int64_t Q = l->heads * d, KV = l->kv_heads * d, QKV = Q + 2 * KV;
+  const int64_t Q = l->heads * d, KV = l->kv_heads * d, QKV = Q + 2 * KV, K = eagle ? 2 * D : D;
   float *qkv = buffers, *attended = qkv + n * QKV, *gate_up = attended + n * Q;
-  float *normed = scratch(kOwnRows, n * (D + I)), *act = normed + n * D;
-  for (int64_t r = 0; r < n; r++) rmsnorm_row(x + r * D, l->input_norm, normed + r * D, D, l->eps);
-  product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, D, QKV, shares, number);
+  float *normed = scratch(kOwnRows, n * (K + I)), *act = normed + n * K;
+  for (int64_t r = 0; r < n; r++) {
+    if (eagle) {
+      rmsnorm_row(eagle->emb + r * D, l->input_norm, normed + r * K, D, l->eps);
+      rmsnorm_row(x + r * D, eagle->hidden_norm, normed + r * K + D, D, l->eps);
+    } else {
+      rmsnorm_row(x + r * D, l->input_norm, normed + r * D, D, l->eps);
+    }
+  }
+  product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, K, QKV, shares, number);
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < n; r++) {
     float* row = qkv + r * QKV;
@@ -479,6 +495,20 @@ extern "C" void llama_layers(const Layer* layers, const LayerCache* caches, int6
     for (int64_t i = 0; i < count; i++)
       layer_rows(&layers[i], caches[i], *s, s->out, buffers, shares.data(), 4 * i + 1);
     if (s->head) head_rows(*s->head, s->out, s->n, shares.data(), 4 * count + 1);
+  }
+}
+
+// One step of an EAGLE-3 draft head (decoding/drafts/head/kernel.py): its
+// decoder layer over the step's rows (s->in: the features, s->out: the
+// head's outputs) and, where s->head is given, its norm and output layer.
+extern "C" void eagle_layer(const Layer* layer, const LayerCache* cache, const EagleInput* eagle, const Step* s) {
+  float* buffers = scratch(kLayerRows, buffer_floats(layer, s->n));
+  std::vector<Share> shares(omp_get_max_threads());
+  if (s->out != s->in) std::copy(s->in, s->in + s->n * layer->hidden, s->out);
+#pragma omp parallel num_threads(team())
+  {
+    layer_rows(layer, *cache, *s, s->out, buffers, shares.data(), 1, eagle);
+    if (s->head) head_rows(*s->head, s->out, s->n, shares.data(), 5);
   }
 }
 

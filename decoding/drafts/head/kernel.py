@@ -1,0 +1,126 @@
+"""The head's drafting step in the default CPU mode: one call of the target's layer kernel.
+
+A head step is one decoder layer, a norm and an 8k-row output layer over one
+row (a chain) or a tree level's few rows. In eager torch the products were
+already the row kernel's, but the ~40 small ops around them (two norms, the
+concatenation, the rotary embedding, attention, the residual adds, SiLU)
+cost more than the products: the head's step took an eighth of the target's
+30-layer step. Here `kernels/layer.cpp`'s `eagle_layer` runs the layer with
+EAGLE-3's input (attention over [norm(embedding) ; norm(feature)], the
+feature as the residual stream), then the norm and the output layer, in one
+parallel region; keys and values go straight into the head's own cache,
+which rolls back as before.
+
+It applies where the head's linear layers are the row kernel's (the
+target's default CPU mode, float32); elsewhere the head runs its own
+modules (`EagleHead.step_logits`). Its norms, SiLU and attention are the
+kernel's, not torch's, so its outputs differ from the eager head's in the
+last bits; its drafts are the same (tests/test_heads.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ...runtime.llama import _Head, _Layer, _LayerCacheView, _Mask, _Step, fused_linear
+from ...runtime.rowlinear import RowLinear, library
+from .model import EagleHead, HeadCache, rotation
+
+
+class _EagleInput(ctypes.Structure):
+    _fields_ = [("emb", ctypes.c_void_p), ("hidden_norm", ctypes.c_void_p)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def kernel_step(head: EagleHead) -> HeadKernel | None:
+    """The head's step through the layer kernel, made once per head; None where it does not apply."""
+    kernel = head.__dict__.get("_speclens_kernel")
+    if kernel is None and HeadKernel.fits(head):
+        kernel = head._speclens_kernel = HeadKernel(head)
+    return kernel
+
+
+class HeadKernel:
+    """`EagleHead.step_logits` through the layer kernel (float32, CPU)."""
+
+    @staticmethod
+    def fits(head: EagleHead) -> bool:
+        """True where every linear layer of the head is the row kernel's and the layer kernel is built."""
+        linears = [m for m in head.modules() if isinstance(m, torch.nn.Linear | RowLinear)]
+        return (
+            library() is not None
+            and all(isinstance(m, RowLinear) for m in linears)
+            and head.fc.weight.dtype == torch.float32
+            and head.c.head_dim % 2 == 0
+        )
+
+    def __init__(self, head: EagleHead) -> None:
+        c, layer = head.c, head.midlayer
+        attn, mlp = layer.self_attn, layer.mlp
+        # Fused as the target's layers are: the parts' weights become views, so the eager modules still work.
+        self.qkv = fused_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.gate_up = fused_linear(mlp.gate_proj, mlp.up_proj)
+        self.c, self.head = c, head
+        self.layer = _Layer(
+            _ptr(layer.input_layernorm.weight), _ptr(self.qkv.weight), _ptr(self.qkv.bias),
+            _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias), _ptr(layer.post_attention_layernorm.weight),
+            _ptr(self.gate_up.weight), _ptr(self.gate_up.bias), _ptr(mlp.down_proj.weight),
+            _ptr(mlp.down_proj.bias), _ptr(self.qkv.panels()), _ptr(attn.o_proj.panels()),
+            _ptr(self.gate_up.panels()), _ptr(mlp.down_proj.panels()), c.hidden_size, c.num_attention_heads,
+            c.num_key_value_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps, c.head_dim**-0.5,
+        )  # fmt: skip
+        self.hidden_norm = layer.hidden_norm.weight
+        self.cos = self.sin = torch.empty(0, c.head_dim)
+
+    def _rotation(
+        self, start: int, n: int, positions: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # A table of every position so far, grown by doubling: computing cos and sin
+        # each step was a tenth of the step. Row for row the same bits as the eager head's.
+        end = start + n if positions is None else int(positions.max()) + 1
+        if end > self.cos.shape[0]:
+            table = torch.arange(max(2 * end, 256))
+            self.cos, self.sin = rotation(table, self.c.head_dim, self.c.rope_theta)
+        if positions is None:
+            return self.cos[start : start + n], self.sin[start : start + n]
+        return self.cos[positions], self.sin[positions]
+
+    def step_logits(
+        self,
+        emb: torch.Tensor,
+        feature: torch.Tensor,
+        cache: HeadCache,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        keep: int = 1,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `EagleHead.step_logits`: the outputs [n, h] of rows after the cached ones, and the
+        logits of the last `keep`; a tree's level gives positions and a bool mask [n, cached + n]."""
+        c, head = self.c, self.head
+        n, past = emb.shape[0], len(cache)
+        emb, feature = emb.contiguous(), feature.contiguous()
+        out = torch.empty_like(feature)
+        logits = feature.new_empty(keep, c.draft_vocab_size)
+        keys, values = cache.reserve(past + n, feature.new_empty(c.num_key_value_heads, 0, c.head_dim))
+        cos, sin = self._rotation(past, n, positions)
+        rows = None if mask is None else mask.contiguous()
+        spec = _Head(
+            _ptr(head.norm.weight), c.rms_norm_eps, _ptr(head.lm_head.weight), _ptr(head.lm_head.panels()),
+            _ptr(head.lm_head.bias), c.hidden_size, c.draft_vocab_size, keep, logits.data_ptr(),
+        )  # fmt: skip
+        step = _Step(
+            feature.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(),
+            _Mask(0, None, 0) if rows is None else _Mask(1, rows.data_ptr(), past + n), ctypes.pointer(spec),
+        )  # fmt: skip
+        view = _LayerCacheView(keys.data_ptr(), values.data_ptr(), keys.shape[1])
+        eagle = _EagleInput(emb.data_ptr(), self.hidden_norm.data_ptr())
+        library().eagle_layer(
+            ctypes.byref(self.layer), ctypes.byref(view), ctypes.byref(eagle), ctypes.byref(step)
+        )
+        cache.length = past + n
+        return out, logits
