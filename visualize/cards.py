@@ -55,8 +55,8 @@ def timing_cards(ours: Timing | None, plain: Timing | None) -> list[str]:
             _card("decode tokens / s", rate, tip=tips[1]),
         ]
     return [
-        _card("time to first token · plain", f"{first} · {seconds(plain.first_token_s)}", tip=tips[0]),
-        _card("decode tokens / s · plain", f"{rate} · {_rate(plain.decode_tokens_per_s)}", tip=tips[1]),
+        _card(f"time to first token (plain: {seconds(plain.first_token_s)})", first, tip=tips[0]),
+        _card(f"decode tokens / s (plain: {_rate(plain.decode_tokens_per_s)})", rate, tip=tips[1]),
     ]
 
 
