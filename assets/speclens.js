@@ -38,7 +38,8 @@
 })();
 
 // The race (visualize/race.py): both lanes replayed at their measured token times, slowed down
-// by the chosen factor. One race at a time; Race again restarts it.
+// by the chosen factor, then the line that says who finished first. One race at a time; Race
+// again restarts it.
 (() => {
   let timer = null;
   const play = (race) => {
@@ -46,6 +47,8 @@
     const slow = Number(race.dataset.slow || 1);
     const lanes = [...race.querySelectorAll(".sl-lane")];
     lanes.forEach((l) => { l.querySelector(".sl-lane-text").textContent = ""; l.dataset.shown = "0"; });
+    const finish = race.querySelector(".sl-race-end");
+    if (finish) finish.hidden = true;
     const clock = race.querySelector(".sl-race-clock");
     const end = Math.max(...Object.values(data).map((lane) => (lane.length ? lane[lane.length - 1][0] : 0)));
     const start = performance.now();
@@ -64,7 +67,10 @@
         lane.dataset.shown = String(shown);
         lane.querySelector(".sl-lane-count").textContent = String(shown);
       }
-      if (t >= end) { clearInterval(timer); timer = null; race.dataset.done = "1"; }
+      if (t >= end) {
+        clearInterval(timer); timer = null; race.dataset.done = "1";
+        if (finish) finish.hidden = false;  // who finished first, once both have
+      }
     }, 30);
     race.dataset.done = "0";
   };

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
@@ -15,7 +17,7 @@ from .core.plain import StopCheck, autoregressive_generate
 from .core.proposal import Draft
 from .core.speculative import iter_trace, untraced_generate
 from .core.tree import MAX_BRANCH, MAX_TREE_NODES, TreeShape
-from .drafts import build_draft
+from .drafts import SuffixDraft, build_draft
 from .errors import SpecLensError
 from .models.loading import LoadedModel, load_model
 from .models.paths import public_name, public_source
@@ -189,13 +191,16 @@ def iter_generate(
 ) -> Iterator[Trace]:
     """Load (once), then decode speculatively: the trace after each round, and
     the finished one last (output text set, compared with plain decoding when
-    `config.baseline` asks and the run was not stopped). `draft`, when given,
+    `config.baseline` asks and the run was not stopped). Every one-time cost is
+    paid before the run is measured (`warm_up`). `draft`, when given,
     drafts instead of the one `config.draft` names (the app's per-session suffix corpus).
 
     A run that `should_stop` ends early keeps its rounds and says why in
     `meta.stopped`.
     """
-    for trace in iter_speculative(prepare(config, draft), should_stop):
+    run = prepare(config, draft)
+    warm_up(run)
+    for trace in iter_speculative(run, should_stop):
         yield trace
     if config.baseline and not trace.meta.stopped:
         compare_with_plain(trace, config, should_stop)
@@ -223,6 +228,7 @@ def plain_baseline(config: RunConfig, should_stop: StopCheck | None = None) -> B
     Raises RunStopped when `should_stop` ends it: half a reference compares with nothing.
     """
     target, prompt_ids = _target_and_prompt(config)
+    warm_plain(target, prompt_ids, config.sampling)
     plain = autoregressive_generate(
         target.model,
         prompt_ids,
@@ -237,6 +243,48 @@ def plain_baseline(config: RunConfig, should_stop: StopCheck | None = None) -> B
     tps = len(plain.token_ids) / plain.wall_s
     texts = [token_texts(target.tokenizer)(t) for t in plain.token_ids]
     return Baseline(text, plain.token_ids, plain.wall_s, tps, plain.token_times_s, texts)
+
+
+# What each loaded model has already run once: ("plain", greedy) for plain decoding, and
+# (draft spec, tree, greedy) for a kind of speculative run. A model loaded again starts afresh.
+_WARM: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
+_warm_lock = threading.Lock()
+WARM_UP_TOKENS = 4  # plain decoding's: its first steps after the prefill
+
+
+def _first_time(model: torch.nn.Module, key: tuple) -> bool:
+    """Whether `model` has not yet run `key`'s kind of run; marks it as run."""
+    with _warm_lock:
+        done = _WARM.setdefault(model, set())
+        first = key not in done
+        done.add(key)
+    return first
+
+
+def warm_plain(target: LoadedModel, prompt_ids: torch.Tensor, sampling: Sampling) -> None:
+    """Decode a few tokens plainly, once per model and kind of sampling, so that a measured plain run
+    pays none of the target's first calls (the row kernel packs its panels, buffers are allocated)."""
+    if _first_time(target.model, ("plain", sampling.greedy)):
+        autoregressive_generate(target.model, prompt_ids, sampling, WARM_UP_TOKENS)
+
+
+def warm_up(run: PreparedRun) -> None:
+    """Pay every one-time cost of this kind of run before one is measured: plain decoding's
+    (`warm_plain`), then a short speculative run, once per target, draft source, chain or tree and
+    kind of sampling: the draft's first calls, the target's first k-token checks, the first rounds
+    recorded. Otherwise the first run after start-up carries them, and a comparison with the plain
+    run made after it measures them instead of decoding. Suffix decoding's corpus is left as it was."""
+    c = run.config
+    warm_plain(run.target, run.prompt_ids, c.sampling)
+    if not _first_time(run.target.model, (c.draft, run.tree is not None, c.sampling.greedy)):
+        return
+    short = replace(run, config=replace(c, max_new_tokens=min(c.max_new_tokens, 2 * (c.k + 1))))
+    corpus = run.draft.corpus.snapshot() if isinstance(run.draft, SuffixDraft) else None
+    try:
+        speculative(short)
+    finally:
+        if corpus is not None:
+            run.draft.corpus.restore(corpus)
 
 
 def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:

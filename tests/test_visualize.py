@@ -42,7 +42,7 @@ from visualize.charts import (
     workload_tokens_per_round,
 )
 from visualize.explain import explain_round, explain_round_markdown
-from visualize.race import plain_tokens, race_html, spec_tokens
+from visualize.race import plain_tokens, race_html, race_many_html, spec_tokens
 from visualize.simulate import simulate_trace
 from visualize.timeline import timeline_html, token_entropies
 
@@ -315,17 +315,86 @@ def test_acceptance_by_position_names_its_counts_and_greys_the_thin_ones():
     assert set(trace_figures(thin)[0].data[0].marker.color) == {"#b8b8b8"}
 
 
-def test_a_slower_run_says_why_in_one_sentence_from_its_own_figures():
-    trace = Trace.load(ROOT / "assets" / "traces" / "mt_bench-layers20-greedy.json")  # ×0.35
-    html = stats_html(trace)
-    t = trace.totals
-    assert t.speedup < 1 and "Slower than plain decoding" in html
-    assert (
-        f"right {t.acceptance_rate:.0%} of the time" in html
-        and f"made {t.tokens_per_round:.2f} tokens" in html
+def timed(prefill_s: float, round_s: float, rounds: int, plain_first_s: float, plain_step_s: float) -> Trace:
+    """Rounds that each make two tokens (one accepted, the bonus), the first ready after the prefill
+    and one round, and a plain run of as many tokens, the first ready at `plain_first_s`."""
+
+    def two(ms: float) -> Round:
+        return Round(1, [DraftToken(1, " a", 0.9)], [Verdict(0.9, 1.0, None, True)], 1, Emitted(2, " b", "bonus", 0.9), 0.0, ms, ms)  # fmt: skip
+
+    trace = Trace(meta=RunMeta(prompt="p"), rounds=[two(round_s * 1e3) for _ in range(rounds)])
+    trace.output = Output(" a b" * rounds, [1, 2] * rounds)
+    trace.finish(prefill_s + round_s * rounds)
+    times = [plain_first_s + i * plain_step_s for i in range(2 * rounds)]
+    trace.attach_baseline(
+        Baseline(" a b" * rounds, [1, 2] * rounds, times[-1], 2 * rounds / times[-1], times)
     )
-    faster = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # ×1.30
-    assert faster.totals.speedup > 1 and "Slower" not in stats_html(faster)
+    return trace
+
+
+SLOWER = {
+    # What a first run after start-up looked like: its start slow, its rounds faster than plain steps.
+    "slow-start": lambda: timed(0.9, 0.05, 32, 0.40, 0.028),
+    "slow-rounds": lambda: timed(0.1, 0.1, 32, 0.1, 0.03),
+    **{p.stem: lambda p=p: Trace.load(p) for p in EXAMPLES if "layers20" in p.stem or "gemma" in p.stem},
+}
+
+
+def card(html: str, label: str) -> str:
+    return re.search(
+        rf'sl-card-value">([^<]*)</div><div class="sl-card-label">{re.escape(label)}<', html
+    ).group(1)
+
+
+def beside_plain(html: str, label: str) -> tuple[str, str]:
+    """A card's value and, from its label, plain decoding's."""
+    found = re.search(
+        rf'sl-card-value">([^<]*)</div><div class="sl-card-label">{label} \(plain: ([^)]*)\)<', html
+    )
+    return found.group(1), found.group(2)
+
+
+@pytest.mark.parametrize("name", SLOWER)
+def test_the_why_sentence_multiplies_out_to_the_cards_figures(name):
+    trace = SLOWER[name]()
+    html = stats_html(trace)
+    why = html_lib.unescape(re.search(r'class="sl-why">([^<]*)<', html).group(1))
+    speedup = float(card(html, "speedup vs plain").lstrip("×"))
+    assert speedup < 1
+    took = re.search(r"(\d+) tokens took ([\d.]+) s, plain decoding's (\d+) took ([\d.]+) s", why)
+    assert took, why
+    n, wall, plain_n, plain_wall = (float(x) for x in took.groups())
+    implied = (n / wall) / (plain_n / plain_wall)
+    assert implied == pytest.approx(trace.totals.speedup, rel=0.01) and abs(implied - speedup) <= 0.015, why
+    # The time to the first token and the pace after it, as the cards show them.
+    first = re.search(r"first token came after ([\d.]+) s .*plain decoding's after ([\d.]+) s", why)
+    assert (f"{first.group(1)} s", f"{first.group(2)} s") == beside_plain(html, "time to first token"), why
+    rounds = re.search(r"a round made ([\d.]+) tokens (?:and|while it) cost ([\d.]+) plain target steps", why)
+    ours, plain = (float(x) for x in beside_plain(html, "decode tokens / s"))
+    pace = float(rounds.group(1)) / float(rounds.group(2))
+    assert pace == pytest.approx(ours / plain, rel=0.025) and f"×{pace:.2f} plain decoding's pace" in why, why
+    # Where the rounds beat plain steps, the start is what the sentence blames.
+    assert ("its start made the difference" in why) == (ours > plain), why
+
+
+def test_a_first_run_slowed_by_its_start_is_not_blamed_on_its_rounds():
+    why = html_lib.unescape(stats_html(SLOWER["slow-start"]()))
+    assert "its start made the difference" in why and "first token came after 0.950 s" in why
+    assert "after 0.400 s" in why and "the prompt's prefill, 0.900 s" in why
+    assert "the draft was right" not in why
+
+
+def test_cards_show_time_to_first_token_and_decode_rate_for_both_runs():
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    html = stats_html(trace)
+    t, first, base = trace.totals, trace.rounds[0], trace.baseline
+    ttft = (t.prefill_ms + first.round_ms) / 1e3
+    rate = (t.new_tokens - first.new_tokens) / (t.wall_s - ttft)
+    plain_rate = (len(base.token_ids) - 1) / (base.wall_s - base.token_times_s[0])
+    assert beside_plain(html, "time to first token") == (f"{ttft:#.3g} s", f"{base.token_times_s[0]:#.3g} s")
+    assert beside_plain(html, "decode tokens / s") == (f"{rate:.1f}", f"{plain_rate:.1f}")
+    alone = Trace.load(ROOT / "assets" / "traces" / "classroom-ngram-sampled.json")  # no comparison
+    assert "time to first token<" in stats_html(alone) and "decode tokens / s<" in stats_html(alone)
 
 
 def test_the_race_replays_both_runs_token_by_token_at_their_times():
@@ -341,6 +410,30 @@ def test_the_race_replays_both_runs_token_by_token_at_their_times():
     assert abs(plain[-1][0] - trace.baseline.token_times_s[-1]) < 1e-3
     assert "not a simulation" in html
     assert "Compare with plain decoding" in race_html(hand_made())  # no comparison: nothing to race
+
+
+def finish(html: str) -> str:
+    return html_lib.unescape(re.search(r'class="sl-race-end" hidden>([^<]*)<', html).group(1))
+
+
+def test_the_race_ends_saying_who_finished_first_and_by_how_much():
+    faster = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    spec_end, plain_end = faster.token_times_s()[-1], faster.baseline.token_times_s[-1]
+    assert spec_end < plain_end
+    assert finish(race_html(faster)) == (
+        f"First to finish: speculative, 64 tokens in {spec_end:#.3g} s; plain {plain_end - spec_end:#.3g} s "
+        f"later (64 tokens in {plain_end:#.3g} s, ×{plain_end / spec_end:.2f} the time)."
+    )
+    slower = timed(0.1, 0.1, 32, 0.1, 0.03)  # plain's 64 tokens end at 1.99 s, the run's at 3.3 s
+    assert finish(race_html(slower)) == (
+        "First to finish: plain, 64 tokens in 1.99 s; speculative 1.31 s later (64 tokens in 3.30 s, ×1.66 the time)."
+    )
+    slower.meta.draft = "layers:20"
+    assert finish(race_many_html([faster, slower])) == (  # each lane by its own measured end
+        f"First to finish: ngram, 64 tokens in {spec_end:#.3g} s; plain {plain_end - spec_end:#.3g} s later "
+        f"(64 tokens in {plain_end:#.3g} s, ×{plain_end / spec_end:.2f} the time); layers:20 2.55 s later "
+        f"(64 tokens in 3.30 s, ×{3.3 / spec_end:.2f} the time)."
+    )
 
 
 def test_a_plain_run_records_each_tokens_time_and_text(tmp_path):

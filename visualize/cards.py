@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from html import escape
 
-from decoding import costmodel
-from decoding.trace import Trace, agreement
+from decoding.trace import Timing, Trace, agreement, decode_ratio, plain_timing, speculative_timing
 
 
 def _card(label: str, value: str, cls: str = "", tip: str = "") -> str:
     return f'<div class="sl-card {cls}" data-tip="{escape(tip, quote=True)}" tabindex="0"><div class="sl-card-value">{escape(value)}</div><div class="sl-card-label">{escape(label)}</div></div>'
+
+
+def seconds(s: float) -> str:
+    """Three significant digits: a ratio of two of them is right to about one percent."""
+    return f"{s:#.3g} s" if s < 100 else f"{s:.0f} s"
 
 
 def stats_html(trace: Trace) -> str:
@@ -18,6 +22,7 @@ def stats_html(trace: Trace) -> str:
         _card("acceptance rate", f"{t.acceptance_rate:.0%}"),
         _card("tokens per round", f"{t.tokens_per_round:.2f}"),
         _card("tokens / s", f"{t.tokens_per_s:.1f}"),
+        *timing_cards(speculative_timing(trace), plain_timing(trace)),
     ]
     if t.speedup is not None:
         cards.append(_card("speedup vs plain", f"×{t.speedup:.2f}", "sl-bad" if t.speedup < 1 else ""))
@@ -34,19 +39,65 @@ def stats_html(trace: Trace) -> str:
     return f'<div class="sl-cards">{"".join(cards)}</div>{why_html}<div class="sl-caption">{escape(caption)}</div>'
 
 
+def timing_cards(ours: Timing | None, plain: Timing | None) -> list[str]:
+    """Time to first token and decoding's tokens/s after it, the run's and (beside it) plain decoding's."""
+    if ours is None:
+        return []
+    first, rate = seconds(ours.first_token_s), _rate(ours.decode_tokens_per_s)
+    tips = (
+        "from the start of the prompt's prefill to the first token ready (speculative: the prefill and "
+        "the first round)",
+        "tokens after the first, over the time after it",
+    )
+    if plain is None:
+        return [
+            _card("time to first token", first, tip=tips[0]),
+            _card("decode tokens / s", rate, tip=tips[1]),
+        ]
+    return [
+        _card(f"time to first token (plain: {seconds(plain.first_token_s)})", first, tip=tips[0]),
+        _card(f"decode tokens / s (plain: {_rate(plain.decode_tokens_per_s)})", rate, tip=tips[1]),
+    ]
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return "–" if tokens_per_s is None else f"{tokens_per_s:.1f}"
+
+
 def slower_because(trace: Trace) -> str:
-    """Why a run was slower than plain decoding, in one sentence from its own figures: how often
-    the draft was right, and what a round cost in plain target steps. Empty when it was not slower."""
+    """Why a run was slower than plain decoding, from the figures the cards show: each run's time is
+    its time to the first token plus the decoding after it, so the sentence names which part made
+    the difference (the start, the prefill among it, or the rounds' cost against what they made)
+    and its figures multiply out to the card's speedup. Empty when it was not slower."""
     t = trace.totals
-    step_ms = costmodel.target_ms_per_token(trace.baseline.token_times_s) if trace.baseline else None
-    if t.speedup is None or t.speedup >= 1 or not t.rounds or not step_ms:
+    ours, plain = speculative_timing(trace), plain_timing(trace)
+    if t.speedup is None or t.speedup >= 1 or ours is None or plain is None or ours.wall_s <= 0:
         return ""
+    total = (
+        f"Slower than plain decoding: {ours.tokens} tokens took {seconds(ours.wall_s)}, "
+        f"plain decoding's {plain.tokens} took {seconds(plain.wall_s)}"
+    )
+    start = (
+        f"Its first token came after {seconds(ours.first_token_s)} ({ours.first_token_s / ours.wall_s:.0%} "
+        f"of its time: the prompt's prefill, {seconds(t.prefill_ms / 1e3)}, and the first round), "
+        f"plain decoding's after {seconds(plain.first_token_s)}."
+    )
+    ratio = decode_ratio(trace)
+    if ratio is None:
+        return f"{total}. {start}"
+    rounds = len(trace.rounds) - 1  # after the first
+    made = ours.decode_tokens / rounds
+    cost = ours.decode_s / rounds / (plain.decode_s / plain.decode_tokens)
+    if ratio >= 1:
+        return (
+            f"{total}, and its start made the difference. {start} After it, a round made {made:.2f} "
+            f"tokens and cost {cost:.2f} plain target steps: ×{ratio:.2f} plain decoding's pace."
+        )
     drafted = [r for r in trace.rounds if r.k]
-    cost = sum(r.round_ms for r in trace.rounds) / len(trace.rounds) / step_ms
     nothing = len(trace.rounds) - len(drafted)
     idle = f"; in {nothing} of {t.rounds} rounds the draft had nothing to propose" if nothing else ""
     return (
-        f"Slower than plain decoding: the draft was right {t.acceptance_rate:.0%} of the time{idle}, so a round "
-        f"made {t.tokens_per_round:.2f} tokens, while a round cost {cost:.2f} plain target steps "
-        "(drafting, checking, bookkeeping)."
+        f"{total}. The draft was right {t.acceptance_rate:.0%} of the time{idle}, so after the first "
+        f"token a round made {made:.2f} tokens while it cost {cost:.2f} plain target steps (drafting, "
+        f"checking, bookkeeping): ×{ratio:.2f} plain decoding's pace. {start}"
     )

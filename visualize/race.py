@@ -1,7 +1,8 @@
 """The race: a run and its plain-decoding comparison replayed side by side at their measured speed.
 
 Each token appears at the wall-clock time it was ready in the measured run (the trace's own
-times, prefill included), optionally slowed down for a class. The page's script
+times, prefill included), optionally slowed down for a class; at the end a line says who finished
+first and by how much. The page's script
 (assets/speclens.js) plays it; this module writes the two lanes and their data as HTML.
 """
 
@@ -11,6 +12,8 @@ import json
 from html import escape
 
 from decoding.trace import Trace
+
+from .cards import seconds
 
 SLOW_MOTION = (1, 5, 20)
 
@@ -62,6 +65,25 @@ def race_many_html(traces: list[Trace]) -> str:
     return _race(lanes, "Each source's measured run (its median repeat) and plain decoding")
 
 
+def finish_line(lanes: dict[str, list[tuple[float, str]]]) -> str:
+    """Who finished first and by how much: each lane's last token's measured time, the others'
+    lag behind the first in seconds and as a ratio of times. Empty with fewer than two lanes."""
+    ends = {name: (lane[-1][0], len(lane)) for name, lane in lanes.items() if lane}
+    if len(ends) < 2:
+        return ""
+    order = sorted(ends, key=lambda name: ends[name][0])
+    first_s, first_n = ends[order[0]]
+    parts = [f"First to finish: {order[0]}, {first_n} tokens in {seconds(first_s)}"]
+    for name in order[1:]:
+        end_s, n = ends[name]
+        if round(end_s, 3) == round(first_s, 3):
+            parts.append(f"{name} at the same time ({n} tokens)")
+            continue
+        ratio = f", ×{end_s / first_s:.2f} the time" if first_s > 0 else ""
+        parts.append(f"{name} {seconds(end_s - first_s)} later ({n} tokens in {seconds(end_s)}{ratio})")
+    return "; ".join(parts) + "."
+
+
 def _race(lanes: dict[str, list[tuple[float, str]]], what: str) -> str:
     data = escape(json.dumps({name: [[round(t, 4), x] for t, x in lane] for name, lane in lanes.items()}))
     speeds = "".join(
@@ -79,5 +101,6 @@ def _race(lanes: dict[str, list[tuple[float, str]]], what: str) -> str:
         f'<span class="sl-race-speeds">slow motion {speeds}</span>'
         '<span class="sl-race-clock">0.00 s</span></div>'
         f"{rows}"
+        f'<div class="sl-race-end" hidden>{escape(finish_line(lanes))}</div>'
         f'<div class="sl-caption">{escape(what)} replayed at the times each token was ready (not a simulation).</div></div>'
     )

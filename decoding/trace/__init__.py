@@ -4,7 +4,8 @@ Pure Python (plus pandas for the flat view) so that `visualize/` and a
 classroom laptop can load and chart a saved trace without torch.
 `schema` holds the records and their JSON, `migrate` reads older files,
 `validate` checks a file from outside, `events` flattens a run into token
-events and `agreement` says what a comparison with plain decoding may promise.
+events, `agreement` says what a comparison with plain decoding may promise and `timing` splits
+a run's time at its first token.
 """
 
 from .agreement import Agreement, agreement
@@ -27,6 +28,7 @@ from .schema import (
     Verdict,
     verdict_kind,
 )
+from .timing import Timing, decode_ratio, plain_timing, speculative_timing
 from .validate import validate
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "Output",
     "Round",
     "RunMeta",
+    "Timing",
     "TopToken",
     "Totals",
     "Trace",
@@ -48,6 +51,9 @@ __all__ = [
     "TreeNode",
     "Verdict",
     "agreement",
+    "decode_ratio",
+    "plain_timing",
+    "speculative_timing",
     "token_events",
     "token_frame",
     "validate",
