@@ -35,7 +35,7 @@ from decoding.models.paths import check_allowed
 from decoding.settings.sampling import Sampling
 from decoding.tools import metrics
 from decoding.tools.compare import compare
-from decoding.tools.probe import cached, measure, verify_ratios
+from decoding.tools.probe import cached, measure, measured_verify_ratio, verify_ratios
 from decoding.tools.prompts import read_prompts
 from decoding.tools.sweep import BestSetting, best_of, parse_sizes, progress_reporter, sweep, tree_sweep
 from decoding.tools.workload import best_ks, run_labels, workload_sweep
@@ -864,11 +864,10 @@ def example_verify_cost(trace: Trace, verify_growth: float) -> tuple[Callable[[i
     """The example run's verify cost: what the probe measured for its target on this machine, where
     it did; else the slider's b, said so."""
     m = trace.meta
-    found = cached(m.target, m.device or None, m.dtype or None)
-    if found is not None:
-        ratios = verify_ratios(found)
-        when = found.get("measured_at", "?")[:10]
-        return functools.partial(costmodel.verify_ratio_at, ratios), (
+    measured = measured_verify_ratio(m.target, m.device or None, m.dtype or None)
+    if measured is not None:
+        ratio, when = measured
+        return ratio, (
             f"checking k+1 tokens V(k+1)/V(1), as the probe measured it for {m.target} on this machine ({when})"
         )
     return costmodel.linear_verify(verify_growth), (

@@ -274,7 +274,7 @@ def _what_the_app_opens_on(data: dict) -> None:
     kept, text = cached_verify("smollm2-135m")
     assert kept == ratios and f"Measured here on {data['measured_at'][:10]}" in text
     _, text = run_concurrency(0.7, 0.05, 0.0, kept)
-    assert "measured on this machine" in text and "not measured" not in text
+    assert "measured on this machine" in text and "not measured on this machine" not in text
     example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
     _, best_k, text, _ = production_example(0.0, 0.0, example.to_dict())
     assert "as the probe measured it for smollm2-135m on this machine" in text

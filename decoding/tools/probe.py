@@ -14,17 +14,20 @@ Production tabs open on this machine's own V(n) once it was measured here.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import costmodel
+from ..errors import SpecLensError
 from ..models.loading import LoadedModel, pick_device, pick_dtype
 from ..runtime.forward import crop, forward, new_cache
 from ..runtime.rowlinear import RowLinear, kernel_choices
@@ -184,13 +187,25 @@ def measure(target: LoadedModel) -> dict:
 def cached(target: str, device: str | None = None, dtype: str | None = None) -> dict | None:
     """What `measure` found for `target` (the device and dtype it loads with by default, as the app
     loads it) on this machine, or None when it was never measured here."""
-    dev = pick_device(device)
-    path = cache_file(target, dev, pick_dtype(dev, dtype))
     try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):  # never measured, or a file cut short: measure again
+        dev = pick_device(device)
+        found = json.loads(cache_file(target, dev, pick_dtype(dev, dtype)).read_text())
+    except (SpecLensError, OSError, ValueError):  # no such device here, never measured, a file cut short
         return None
     return found if verify_ratios(found) else None
+
+
+def measured_verify_ratio(
+    target: str, device: str | None = None, dtype: str | None = None
+) -> tuple[Callable[[int], float], str] | None:
+    """V(n)/V(1) for any n as the probe measured it for `target` on this machine (straight lines
+    between its points, costmodel.verify_ratio_at), and the day it did; None where it never did."""
+    found = cached(target, device, dtype)
+    if found is None:
+        return None
+    return functools.partial(costmodel.verify_ratio_at, verify_ratios(found)), found.get("measured_at", "?")[
+        :10
+    ]
 
 
 def verify_ratios(found: dict) -> dict[int, float]:
