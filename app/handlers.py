@@ -672,14 +672,14 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
 NOT_MEASURED = (
     "**V(n) is not measured on this machine yet**, so this follows the slider, not this machine "
     "(b = 0 holds on a large GPU; on a CPU checking more tokens costs more). *Measure V(n)* above "
-    "times it here, in seconds, and keeps it: the next visit opens on it."
+    "times it here once and keeps it: later visits open on it."
 )
 
 
 def cached_verify(target: str):
     """What the probe measured for the sidebar's target on this machine, if it ever did: the
-    Theory tab opens on it. Nothing is measured here on opening: a probe takes both cores for
-    seconds, and timed beside a visitor's run it would be wrong."""
+    Theory tab opens on it. Nothing is measured here on opening: a probe takes every core for
+    minutes on a 2-core machine, and timed beside a visitor's run it would be wrong."""
     found = cached(target or "")
     if found is None:
         return None, f"Nothing measured yet for **{(target or '').strip()}** on this machine. {NOT_MEASURED}"
