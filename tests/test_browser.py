@@ -274,7 +274,7 @@ def test_the_concurrency_chart_opens_on_this_machines_measured_v(browser, live_a
     )
     assert "not measured on this machine" not in later.locator("#concurrency-text").inner_text()
     assert "Measured here on" in later.locator("#measured-text").inner_text()
-    names = later.locator("#concurrency-plot .gtitle").inner_text()
+    names = later.locator("#concurrency-plot .gtitle").text_content()
     assert "V(n) measured here" in names
     context.close()
 
