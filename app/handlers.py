@@ -704,7 +704,7 @@ def measure_verify(target: str):
 def measured_text(found: dict, when: str) -> str:
     table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in verify_ratios(found).items())
     return (
-        f"Measured here {when} for **{found['target']}** ({found['dtype']}, {found['device']}): {table}; "
+        f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}) {when}: {table}; "
         f"one token takes {found['1']['step_ms']:.1f} ms. The curve *speedup (V measured here)* and "
         "the concurrency chart use them."
     )

@@ -272,7 +272,10 @@ def _what_the_app_opens_on(data: dict) -> None:
         verify_ratios(cached("smollm2-135m")) == ratios and cached("smollm2-135m", dtype="bfloat16") is None
     )
     kept, text = cached_verify("smollm2-135m")
-    assert kept == ratios and f"Measured here on {data['measured_at'][:10]}" in text
+    assert (
+        kept == ratios
+        and f"**smollm2-135m** ({data['dtype']}, {data['device']}) on {data['measured_at'][:10]}:" in text
+    )
     _, text = run_concurrency(0.7, 0.05, 0.0, kept)
     assert "measured on this machine" in text and "not measured on this machine" not in text
     example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
