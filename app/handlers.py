@@ -35,10 +35,10 @@ from decoding.models.paths import check_allowed
 from decoding.settings.sampling import Sampling
 from decoding.tools import metrics
 from decoding.tools.compare import compare
-from decoding.tools.probe import probe
+from decoding.tools.probe import cached, measure, measured_verify_ratio, verify_ratios
 from decoding.tools.prompts import read_prompts
-from decoding.tools.sweep import parse_sizes, sweep, tree_sweep
-from decoding.tools.workload import best_ks, workload_sweep
+from decoding.tools.sweep import BestSetting, best_of, parse_sizes, progress_reporter, sweep, tree_sweep
+from decoding.tools.workload import best_ks, run_labels, workload_sweep
 from decoding.trace import Round, Trace, agreement, token_frame, validate
 from visualize.cards import stats_html
 from visualize.charts import (
@@ -485,15 +485,7 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
         if mode == "sources":
             return _compare_sources(settings, config, progress, budget)
         name = "N" if mode == "trees" else "k"
-
-        def report(done: int, total: int) -> None:
-            progress(
-                done / total,
-                desc=f"{name} = {values[done % len(values)]} (run {done + 1} of {total})"
-                if done < total
-                else "done",
-            )
-
+        report = progress_reporter([f"{name} = {v}" for v in values], _say(progress))
         if mode == "trees":
             traces, table = tree_sweep(config, values, report, budget, int(settings["repeats"]))
             figures = tree_size_curve(table), tree_verify_cost(table)
@@ -512,6 +504,10 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
 NO_RACE = gr.update(value="", visible=False)
 
 
+def _say(progress: gr.Progress) -> Callable[[float, str], None]:
+    return lambda share, text: progress(share, desc=text)
+
+
 def source_specs(settings: Mapping[str, Any]) -> list[str]:
     """The draft sources ticked for a comparison, as `build_draft` names them; two at least."""
     chosen = list(settings["sources"] or [])
@@ -524,11 +520,7 @@ def source_specs(settings: Mapping[str, Any]) -> list[str]:
 
 def _compare_sources(settings: dict, config: RunConfig, progress: gr.Progress, budget: RunBudget):
     specs = source_specs(settings)
-
-    def report(done: int, total: int) -> None:
-        text = f"{specs[done % len(specs)]} (run {done + 1} of {total})"
-        progress(done / total, desc=text if done < total else "done")
-
+    report = progress_reporter(specs, _say(progress))
     traces, table = compare(config, specs, report, budget, int(settings["repeats"]))
     summary = compare_summary(table, traces)
     if len(traces) < len(specs):
@@ -539,20 +531,21 @@ def _compare_sources(settings: dict, config: RunConfig, progress: gr.Progress, b
 
 def compare_summary(table, traces: list[Trace]) -> str:
     """The fastest source, starred only beyond the spread of the repeats, and what the outputs show."""
-    repeats = int(table["repeats"].min())
-    best = table[table["best"]]
-    top = table.loc[table["speedup"].idxmax()]
-    if best.empty:
-        why = "measured once" if repeats == 1 else f"within another's spread over {repeats} repeats"
-        head = f"**No clear best source**: the fastest, {top['draft']} at ×{top['speedup']:.2f}, is {why}"
-    else:
-        row = best.iloc[0]
+    best = best_of(table, "draft")
+    if not best.clear:
         head = (
-            f"**Fastest: {row['draft']}**, ×{row['speedup']:.2f} over plain decoding "
-            f"(×{row['speedup_low']:.2f}–{row['speedup_high']:.2f} over {repeats} repeats), "
-            f"{row['tokens_per_round']:.2f} tokens per round"
+            f"**No clear best source**: the fastest, {best.value} at ×{best.speedup:.2f}, is {best.why_not}"
         )
+    else:
+        head = f"**Fastest: {best.value}**, {_best_figures(best)}"
     return f"{head}; {sweep_agreement(traces)}."
+
+
+def _best_figures(best: BestSetting) -> str:
+    return (
+        f"×{best.speedup:.2f} over plain decoding (×{best.speedup_low:.2f}–{best.speedup_high:.2f} "
+        f"over {best.repeats} repeats, each against its own plain run), {best.tokens_per_round:.2f} tokens per round"
+    )
 
 
 def _workload_sweep(
@@ -560,12 +553,7 @@ def _workload_sweep(
 ):
     rows = workload_prompts(settings["workload"], settings["workload_file"])
     repeats = int(settings["repeats"])
-
-    def report(done: int, total: int) -> None:
-        p, k = divmod(done % (len(rows) * len(ks)), len(ks))
-        text = f"prompt {p + 1} of {len(rows)}, k = {ks[k]} (run {done + 1} of {total})"
-        progress(done / total, desc=text if done < total else "done")
-
+    report = progress_reporter(run_labels(len(rows), ks), _say(progress))
     table, _ = workload_sweep(config, rows, ks, report, budget, repeats)
     summary = workload_summary(table, len(rows), len(ks), repeats, config.sampling.greedy)
     if budget():
@@ -589,12 +577,11 @@ def _csv(table) -> str:
 def workload_summary(table, prompts: int, ks: int, repeats: int, greedy: bool) -> str:
     """Each category's best k, or that none is clear, and whether every output matched plain decoding."""
     parts = []
-    for category, k in best_ks(table).items():
-        part = table[table["category"] == category]
-        top = part.loc[part["speedup"].idxmax()]
-        figure = f"×{top['speedup']:.2f} at k = {int(top['k'])}"
+    for category, best in best_ks(table).items():
+        figure = f"×{best.speedup:.2f} at k = {best.value}"
         parts.append(
-            f"**{category}**: " + (f"best k = {k} ({figure})" if k else f"no clear best k (top {figure})")
+            f"**{category}**: "
+            + (f"best k = {best.value} ({figure})" if best.clear else f"no clear best k (top {figure})")
         )
     if not greedy:
         same = "sampled, so outputs match plain decoding in distribution, not token for token"
@@ -609,23 +596,11 @@ def workload_summary(table, prompts: int, ks: int, repeats: int, greedy: bool) -
 def sweep_summary(table, traces: list[Trace], column: str) -> str:
     """The best setting, where one beats the rest beyond the spread of their repeats; else why not."""
     name = "N" if column == "nodes" else "k"
-    repeats = int(table["repeats"].min())
-    best = table[table["best"]]
-    if best.empty:
-        top = table.loc[table["speedup"].idxmax()]
-        why = (
-            "was measured once: one repeat has no spread to tell a best from noise"
-            if repeats == 1
-            else f"lies within another setting's spread over {repeats} repeats"
-        )
-        head = f"**No clear best {name}**: the highest, ×{top['speedup']:.2f} at {name} = {int(top[column])}, {why}"
+    best = best_of(table, column)
+    if not best.clear:
+        head = f"**No clear best {name}**: the highest, ×{best.speedup:.2f} at {name} = {best.value}, is {best.why_not}"
     else:
-        row = best.iloc[0]
-        head = (
-            f"**Best {name} = {int(row[column])}**: ×{row['speedup']:.2f} over plain decoding "
-            f"(×{row['speedup_low']:.2f}–{row['speedup_high']:.2f} over {repeats} repeats, each against "
-            f"its own plain run), {row['tokens_per_round']:.2f} tokens per round"
-        )
+        head = f"**Best {name} = {best.value}**: {_best_figures(best)}"
     return f"{head}; {sweep_agreement(traces)}."
 
 
@@ -676,7 +651,11 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
     ks = range(1, 7)
     stops = {k: costmodel.break_even_concurrency(alpha, k, c, ratio) for k in ks}
     paying = [f"k = {k} at B = {b}" for k, b in stops.items() if b is not None]
-    source = "the step costs measured on this machine" if measured else "the sliders' verify cost b"
+    source = (
+        "the step costs measured on this machine"
+        if measured
+        else f"the slider's verify cost b = {verify_growth:.2f}"
+    )
     text = (
         f"**Predicted** from {source} (not measured runs): B requests decoded together check B rows a step; "
         "speculating, B·(k+1). "
@@ -685,9 +664,26 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
             if paying
             else f"Up to B = {costmodel.CONCURRENCY[-1]} it pays at every k."
         )
-        + ("" if measured else " Measure V(n) above for this machine's own figures.")
+        + ("" if measured else f" {NOT_MEASURED}")
     )
     return concurrency_figure(alpha, c, ratio, ks, bool(measured)), text
+
+
+NOT_MEASURED = (
+    "**V(n) is not measured on this machine yet**, so this follows the slider, not this machine "
+    "(b = 0 holds on a large GPU; on a CPU checking more tokens costs more). *Measure V(n)* above "
+    "times it here once and keeps it: later visits open on it."
+)
+
+
+def cached_verify(target: str):
+    """What the probe measured for the sidebar's target on this machine, if it ever did: the
+    Theory tab opens on it. Nothing is measured here on opening: a probe takes every core for
+    minutes on a 2-core machine, and timed beside a visitor's run it would be wrong."""
+    found = cached(target or "")
+    if found is None:
+        return None, f"Nothing measured yet for **{(target or '').strip()}** on this machine. {NOT_MEASURED}"
+    return verify_ratios(found), measured_text(found, f"on {found.get('measured_at', '?')[:10]}")
 
 
 def check_measure(target: str) -> None:
@@ -701,13 +697,17 @@ def measure_verify(target: str):
     """Time the target's pass over 1 to 64 tokens here (decoding/tools/probe.py)."""
     with user_errors():
         check_allowed(target)
-        found = probe(load_model((target or "").strip()))
-        ratios = {int(n): v["verify_ratio"] for n, v in found.items() if n.isdigit()}
-        table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in ratios.items())
-        return ratios, (
-            f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}): {table}; "
-            f"one token takes {found['1']['step_ms']:.1f} ms. The curve *speedup (V measured here)* uses them."
-        )
+        found = measure(load_model((target or "").strip()))
+        return verify_ratios(found), measured_text(found, "just now")
+
+
+def measured_text(found: dict, when: str) -> str:
+    table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in verify_ratios(found).items())
+    return (
+        f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}) {when}: {table}; "
+        f"one token takes {found['1']['step_ms']:.1f} ms. The curve *speedup (V measured here)* and "
+        "the concurrency chart use them."
+    )
 
 
 def run_tree_theory(alpha: float, alpha2: float, branch: float, depth: float, c: float, verify_growth: float):
@@ -812,16 +812,9 @@ def check_production(url, first, second, *_) -> None:
         read_deployment(url, first, second)
 
 
-def acceptance_profile(figures: dict, positions: int = 8) -> list[float]:
-    """Per-position acceptance; SGLang reports only an average rate, taken as i.i.d. per position."""
-    if figures["per_position"]:
-        return figures["per_position"]
-    rate = figures["acceptance_rate"] or 0.0
-    return [rate ** (i + 1) for i in range(positions)]
-
-
 def run_production(url, first, second, draft_cost: float, verify_growth: float, trace_dict: dict | None):
-    """A deployment's acceptance beside this session's SpecLens run, and the best k for it."""
+    """A deployment's acceptance beside this session's SpecLens run, and the best k for it (the
+    deployment's machine is not this one: its verify cost is the slider's)."""
     with user_errors():
         figures = read_deployment(url, first, second)
         series = {f"{figures['engine']} deployment": figures["per_position"]}
@@ -831,13 +824,13 @@ def run_production(url, first, second, draft_cost: float, verify_growth: float, 
             series["this SpecLens run"] = metrics.summary(ours)["per_position"]
             page = download_folder() / "speclens-metrics.prom"
             page.write_text(metrics.metrics_page(ours))
-        best, speedups = costmodel.best_k_profile(
-            acceptance_profile(figures), float(draft_cost), float(verify_growth)
-        )
+        verify = costmodel.linear_verify(float(verify_growth))
+        choice = metrics.choose_k(figures, float(draft_cost), verify)
+        costing = f"c = {float(draft_cost):.2f} target steps and checking k+1 tokens 1 + b·k, b = {float(verify_growth):.2f}"
         return (
             per_position_figure(series),
-            best_k_figure(speedups, best),
-            production_text(figures, best, speedups[best - 1]),
+            best_k_figure(choice.speedups, choice.best),
+            production_text(figures, choice, costing),
             str(page) if page else None,
         )
 
@@ -848,17 +841,42 @@ def production_example(draft_cost: float, verify_growth: float, trace_dict: dict
     with user_errors():
         if not trace_dict:
             raise SpecLensError("run a prompt in Explore first: its run becomes the example page")
+        trace = Trace.from_dict(trace_dict)
         page = download_folder() / "speclens-example-metrics.prom"
-        page.write_text(metrics.metrics_page(metrics.snapshot_of([Trace.from_dict(trace_dict)])))
-        positions, best_k, text, _ = run_production(None, str(page), None, draft_cost, verify_growth, None)
+        page.write_text(metrics.metrics_page(metrics.snapshot_of([trace])))
+        figures = read_deployment(None, str(page), None)
+        verify, checking = example_verify_cost(trace, float(verify_growth))
+        costing = f"c = {float(draft_cost):.2f} target steps and {checking}"
+        choice = metrics.choose_k(figures, float(draft_cost), verify)
         label = (
             "**Example page**: the current Explore run exported in vLLM's metric names (prefix `speclens:`), "
             "read back as a deployment's page would be. Point the URL at a real server to read yours."
         )
-        return positions, best_k, f"{label}\n\n{text}", str(page)
+        return (
+            per_position_figure({f"{figures['engine']} deployment": figures["per_position"]}),
+            best_k_figure(choice.speedups, choice.best),
+            f"{label}\n\n{production_text(figures, choice, costing)}",
+            str(page),
+        )
 
 
-def production_text(figures: dict, best: int, speedup: float) -> str:
+def example_verify_cost(trace: Trace, verify_growth: float) -> tuple[Callable[[int], float], str]:
+    """The example run's verify cost: what the probe measured for its target on this machine, where
+    it did; else the slider's b, said so."""
+    m = trace.meta
+    measured = measured_verify_ratio(m.target, m.device or None, m.dtype or None)
+    if measured is not None:
+        ratio, when = measured
+        return ratio, (
+            f"checking k+1 tokens V(k+1)/V(1), as the probe measured it for {m.target} on this machine ({when})"
+        )
+    return costmodel.linear_verify(verify_growth), (
+        f"checking k+1 tokens 1 + b·k, b = {verify_growth:.2f} from the slider: "
+        f"V(n) is not measured for {m.target} on this machine yet (Theory → *Measure V(n)*)"
+    )
+
+
+def production_text(figures: dict, choice: metrics.KChoice, costing: str) -> str:
     def pct(x):
         return "–" if x is None else f"{x:.1%}"
 
@@ -874,11 +892,14 @@ def production_text(figures: dict, best: int, speedup: float) -> str:
             f"Over the interval: {figures['accepted_tokens_per_s']:.1f} accepted and "
             f"{figures['drafted_tokens_per_s']:.1f} drafted tokens per second."
         )
-    if not figures["per_position"]:
+    if choice.assumed:
         lines.append(
-            "This engine reports no per-position acceptance: the profile assumes the same rate at each."
+            "This engine reports no per-position acceptance: the profile assumes the same rate at each "
+            f"of {choice.measured} positions."
         )
     lines.append(
-        f"With these costs, **num_speculative_tokens = {best}** is best: ×{speedup:.2f} expected over plain decoding."
+        f"With a draft token costing {costing}, **num_speculative_tokens = {choice.best}** is best "
+        f"among the k = 1–{choice.measured} its acceptance was measured for: "
+        f"×{choice.speedups[choice.best - 1]:.2f} expected over plain decoding."
     )
     return "\n\n".join(lines)

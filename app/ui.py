@@ -282,8 +282,11 @@ def sweep_tab(settings: dict) -> None:
     table = gr.Dataframe(label="Per setting", interactive=False, elem_id="sweep-table")
     csv = gr.File(label="Sweep CSV")
     outputs = [speedup_plot, accept_plot, table, csv, summary, race]
+    # What the last sweep showed clears when a new one starts: it may have swept something else.
+    cleared = {speedup_plot: None, accept_plot: None, table: None, csv: None, summary: "*Sweeping…*"}
+    cleared[race] = gr.update(value="", visible=False)
     _while_running(
-        button, stop, (h.check_sweep, h.run_sweep), _wire(inputs, h.SWEEP_INPUTS), outputs, "sweep"
+        button, stop, (h.check_sweep, h.run_sweep), _wire(inputs, h.SWEEP_INPUTS), outputs, "sweep", cleared
     )
 
 
@@ -306,28 +309,28 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     theory_text = gr.Markdown()
     theory_plot = gr.Plot(show_label=False)
     chain = [alpha, c, growth, gamma_max]
-    gr.on(
-        [x.change for x in chain] + [demo.load],
-        h.run_theory,
-        [*chain, measured],
-        [theory_plot, theory_text],
-        api_name="theory",
+    theory = (h.run_theory, [*chain, measured], [theory_plot, theory_text])
+    gr.on([x.change for x in chain], *theory, api_name="theory")
+    gr.Markdown("### Many requests at once")
+    concurrency_text = gr.Markdown(elem_id="concurrency-text")
+    concurrency_plot = gr.Plot(show_label=False, elem_id="concurrency-plot")
+    concurrency = (h.run_concurrency, [alpha, c, growth, measured], [concurrency_plot, concurrency_text])
+    gr.on([alpha.change, c.change, growth.change], *concurrency, api_name="concurrency")
+    # The charts open on what the probe measured here for the sidebar's target, where it did.
+    opened = gr.on(
+        [demo.load, target.change],
+        h.cached_verify,
+        target,
+        [measured, measured_text],
+        api_name="cached_verify",
     )
     checked = measure_btn.click(h.check_measure, target, None, **PRIVATE, **MODEL)
     measuring = checked.success(
         h.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
     )
-    measuring.success(h.run_theory, [*chain, measured], [theory_plot, theory_text], **PRIVATE)
-    gr.Markdown("### Many requests at once")
-    concurrency_text = gr.Markdown(elem_id="concurrency-text")
-    concurrency_plot = gr.Plot(show_label=False, elem_id="concurrency-plot")
-    gr.on(
-        [alpha.change, c.change, growth.change, demo.load, measured.change],
-        h.run_concurrency,
-        [alpha, c, growth, measured],
-        [concurrency_plot, concurrency_text],
-        api_name="concurrency",
-    )
+    for found in (opened.then, measuring.success):
+        found(*theory, **PRIVATE)
+        found(*concurrency, **PRIVATE)
     _tree_theory(demo, alpha, c, growth)
     _simulation(alpha)
 

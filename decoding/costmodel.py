@@ -195,16 +195,22 @@ def expected_tokens_profile(per_position: Sequence[float], k: int) -> float:
     return 1.0 + sum(probs[:k])
 
 
+def linear_verify(verify_growth: float) -> Callable[[int], float]:
+    """V(n)/V(1) when each token checked beyond the first costs b target steps more (b = 0:
+    checking n tokens costs one step, as on a large GPU)."""
+    return lambda n: 1.0 + verify_growth * (n - 1)
+
+
 def best_k_profile(
-    per_position: Sequence[float], draft_cost: float, verify_growth: float, k_max: int = 16
+    per_position: Sequence[float], draft_cost: float, verify_ratio: Callable[[int], float], k_max: int = 16
 ) -> tuple[int, list[float]]:
     """The k with the best expected speedup, and the speedup for k = 1..k_max.
 
-    A round costs k · c target steps of drafting plus 1 + b · k of verifying
-    (b = 0: checking k+1 tokens costs one step, as on a large GPU).
+    A round costs k · c target steps of drafting plus V(k+1)/V(1) of verifying
+    (`verify_ratio`: measured by the probe, or `linear_verify`).
     """
     speedups = [
-        expected_tokens_profile(per_position, k) / (1 + draft_cost * k + verify_growth * k)
+        expected_tokens_profile(per_position, k) / (draft_cost * k + verify_ratio(k + 1))
         for k in range(1, k_max + 1)
     ]
     return 1 + max(range(k_max), key=speedups.__getitem__), speedups

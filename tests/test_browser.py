@@ -15,6 +15,8 @@ from conftest import ROOT
 from playwright.sync_api import sync_playwright
 from test_metrics import FakeVLLM, reply, serve
 
+from decoding.models import load_model
+from decoding.tools.probe import cached, measure
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, validate
 from visualize.race import plain_tokens, spec_tokens
 
@@ -167,6 +169,32 @@ def test_sweep_compares_three_draft_sources_and_races_them(page):
     page.screenshot(path=ARTIFACTS / "sweep-sources.png", full_page=True)
 
 
+def test_a_new_sweep_clears_what_the_last_one_showed(page):
+    """A sweep over k after a race of sources: while it runs, no summary, chart or race of the
+    sources is left on the screen to be read as its own."""
+    page.get_by_role("tab", name="Sweep").click()
+    page.get_by_role("radio", name="draft sources").check()
+    set_number(page, "repeats", 1)
+    set_number(page, "max-new", 8)
+    page.click("#sweep")
+    page.wait_for_function(
+        "/best source|Fastest/.test(document.querySelector('#sweep-summary').innerText)", timeout=LONG
+    )
+    page.wait_for_selector("#sweep-race .sl-lane", timeout=30_000)
+    page.get_by_role("radio", name="draft length k").check()
+    set_number(page, "k-to", 2)
+    page.click("#sweep")
+    page.wait_for_function(
+        """() => document.querySelector('#sweep').disabled
+            && !/source|Fastest/.test(document.querySelector('#sweep-summary').innerText)
+            && !document.querySelector('#sweep-race .sl-lane')
+            && !document.querySelector('#speedup-plot .js-plotly-plot')
+            && !document.querySelector('#sweep-table').textContent.includes('ngram')""",
+        timeout=30_000,
+    )
+    page.wait_for_function("/best k/i.test(document.querySelector('#sweep-summary').innerText)", timeout=LONG)
+
+
 def test_explore_steps_through_each_round_stage_by_stage(page):
     """The example run, built up one stage at a time: next and previous move one stage, the arrow
     keys too, and "show all" gives back every round."""
@@ -228,6 +256,28 @@ def test_theory_simulation(page):
     page.click("#simulate")
     page.wait_for_selector("#sim-timeline [data-round='0']", timeout=30_000)
     page.screenshot(path=ARTIFACTS / "theory.png", full_page=True)
+
+
+def test_the_concurrency_chart_opens_on_this_machines_measured_v(browser, live_app):
+    """Once V(n) was measured on this machine (the Measure button, or `python -m decoding probe`:
+    the same function, minutes on a busy 2-core machine, so done here only where it never was),
+    a visit's concurrency chart opens on it, not on the slider's b = 0."""
+    if cached("smollm2-135m") is None:
+        measure(load_model("smollm2-135m"))
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    later = context.new_page()
+    later.goto(live_app, wait_until="load")
+    later.get_by_role("tab", name="Theory").click()
+    later.wait_for_function(
+        "document.querySelector('#concurrency-text').innerText.includes('measured on this machine')",
+        timeout=60_000,
+    )
+    assert "not measured on this machine" not in later.locator("#concurrency-text").inner_text()
+    measured = later.locator("#measured-text").inner_text()
+    assert re.search(r"Measured here for smollm2-135m \(.+\) on \d{4}-\d\d-\d\d:", measured), measured
+    names = later.locator("#concurrency-plot .gtitle").text_content()
+    assert "V(n) measured here" in names
+    context.close()
 
 
 def test_stop_a_long_run_then_run_again(page):
@@ -302,6 +352,22 @@ def test_production_tab_charts_a_vllm_page(page):
         page.screenshot(path=ARTIFACTS / "production.png", full_page=True)
     finally:
         server.shutdown()
+
+
+def test_the_production_example_names_only_a_k_its_run_drafted(page):
+    """The example run drafted 4 tokens a round: the best num_speculative_tokens is among 1-4, and
+    its label sits inside the chart."""
+    page.get_by_role("tab", name="Production").click()
+    page.click("#prod-example")
+    page.wait_for_function(
+        "document.querySelector('#prod-text').innerText.includes('num_speculative_tokens =')", timeout=60_000
+    )
+    text = page.locator("#prod-text").inner_text()
+    assert 1 <= int(re.search(r"num_speculative_tokens = (\d+)", text)[1]) <= 4, text
+    page.wait_for_selector("#prod-best-k .textpoint text", timeout=30_000)
+    label = page.locator("#prod-best-k .textpoint text").first.bounding_box()
+    area = page.locator("#prod-best-k .nsewdrag").first.bounding_box()
+    assert area["y"] <= label["y"] and label["y"] + label["height"] <= area["y"] + area["height"]
 
 
 def test_a_tree_run_draws_the_tree_of_the_chosen_round(page):

@@ -16,10 +16,14 @@ from conftest import ROOT, tiny_model_folder
 from huggingface_hub import constants as hub_constants
 from transformers import LlamaConfig
 
+from app.handlers import cached_verify, production_example, run_concurrency
+from decoding import costmodel
 from decoding.api import RunConfig
 from decoding.runtime.tuning import TUNED
 from decoding.settings.sampling import Sampling
+from decoding.tools import metrics
 from decoding.tools.cli import build_parser, main, run_config
+from decoding.tools.probe import cached, verify_ratios
 from decoding.trace import TRACE_VERSION, Trace, validate
 
 PROMPT = "Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm."
@@ -229,9 +233,14 @@ def test_prepare_prints_the_cache_folder(capsys, smol):
 
 
 @pytest.mark.slow
-def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
+def test_probe_prints_step_times_against_the_machines_limits(capsys, smol, tmp_path, monkeypatch):
+    monkeypatch.setenv(
+        "SPECLENS_CACHE", str(tmp_path)
+    )  # the model is loaded: only the probe's file goes here
+    assert cached("smollm2-135m") is None
     assert main(["probe", "--target", "smollm2-135m"]) == 0
     data = json.loads(capsys.readouterr().out)
+    _what_the_app_opens_on(data)
     assert data["weight_bytes"] > 500e6  # SmolLM2-135M in float32, output layer included
     assert data["bandwidth_gbs"] > 0 and data["peak_gflops"] > 0 and data["machine"]
     for n in ("1", "2", "3", "5", "9", "17", "32", "64"):
@@ -253,6 +262,29 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol):
         >= data["1"]["limit_ms"]
         >= data["weight_bytes"] / data["bandwidth_gbs"] / 1e6 * 0.99
     )
+
+
+def _what_the_app_opens_on(data: dict) -> None:
+    """The probe's figures are kept for this machine: Theory's charts and Production's example
+    open on them, and another dtype's are not these."""
+    ratios = {int(n): data[n]["verify_ratio"] for n in ("1", "2", "3", "5", "9", "17", "32", "64")}
+    assert (
+        verify_ratios(cached("smollm2-135m")) == ratios and cached("smollm2-135m", dtype="bfloat16") is None
+    )
+    kept, text = cached_verify("smollm2-135m")
+    assert (
+        kept == ratios
+        and f"**smollm2-135m** ({data['dtype']}, {data['device']}) on {data['measured_at'][:10]}:" in text
+    )
+    _, text = run_concurrency(0.7, 0.05, 0.0, kept)
+    assert "measured on this machine" in text and "not measured on this machine" not in text
+    example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    _, best_k, text, _ = production_example(0.0, 0.0, example.to_dict())
+    assert "as the probe measured it for smollm2-135m on this machine" in text
+    measured = [costmodel.expected_tokens_profile(
+        metrics.summary(metrics.snapshot_of([example]))["per_position"], k
+    ) / costmodel.verify_ratio_at(ratios, k + 1) for k in range(1, 5)]  # fmt: skip
+    assert list(best_k.data[0].y) == pytest.approx(measured)
 
 
 def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():

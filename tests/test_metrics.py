@@ -15,8 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pandas as pd
 import pytest
 import torch
+from conftest import ROOT
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from app.handlers import production_example
 from decoding import costmodel
 from decoding.core.speculative import speculative_generate
 from decoding.drafts import NGramDraft
@@ -24,6 +26,7 @@ from decoding.errors import SpecLensError
 from decoding.settings.policies import make_policy
 from decoding.tools import metrics
 from decoding.tools.cli import main
+from decoding.trace import Trace
 
 K = 3  # the fake engine's num_speculative_tokens
 
@@ -305,12 +308,37 @@ def test_best_k_from_a_measured_profile():
     per_position = [0.8, 0.6, 0.4]
     assert costmodel.expected_tokens_profile(per_position, 3) == pytest.approx(2.8)
     assert costmodel.expected_tokens_profile(per_position, 4) == pytest.approx(2.8 + 0.4 * 0.4 / 0.6)
-    k, speedups = costmodel.best_k_profile(per_position, draft_cost=0.0, verify_growth=0.0, k_max=8)
+    free = costmodel.linear_verify(0.0)
+    k, speedups = costmodel.best_k_profile(per_position, 0.0, free, k_max=8)
     assert k == 8 and speedups[2] == pytest.approx(2.8)  # free drafts and checks: longer is better
-    k, speedups = costmodel.best_k_profile(per_position, draft_cost=0.1, verify_growth=0.3, k_max=8)
+    k, speedups = costmodel.best_k_profile(per_position, 0.1, costmodel.linear_verify(0.3), k_max=8)
     assert k == 2 and speedups[1] == pytest.approx(2.4 / 1.8)  # 1.8/1.4, 2.4/1.8, 2.8/2.2, ...
-    k, _ = costmodel.best_k_profile(per_position, draft_cost=0.1, verify_growth=0.6, k_max=8)
+    k, _ = costmodel.best_k_profile(per_position, 0.1, costmodel.linear_verify(0.6), k_max=8)
     assert k == 1  # costly checking: the first position alone pays
+    k, _ = costmodel.best_k_profile(per_position, 0.0, {1: 1.0, 2: 1.0, 3: 2.0}.get, k_max=2)
+    assert k == 1  # a measured V: checking 3 tokens costs two steps, so k = 2 loses to k = 1
+
+
+def test_the_best_k_is_chosen_only_among_the_k_acceptance_was_measured_for():
+    fake = FakeVLLM()
+    fake.observe(40, 2)
+    fake.observe(10, 3)
+    figures = metrics.summary(metrics.parse(fake.page()))
+    choice = metrics.choose_k(figures, 0.0, costmodel.linear_verify(0.0))
+    assert (choice.best, choice.measured, len(choice.speedups)) == (K, K, K) and not choice.assumed
+    sglang = {"per_position": [], "acceptance_rate": 0.5, "mean_acceptance_length": 2.0}
+    assert metrics.choose_k(sglang, 0.0, costmodel.linear_verify(0.0)).assumed
+
+
+def test_the_production_example_recommends_no_k_its_run_did_not_draft(tmp_path, monkeypatch):
+    """The example run drafted 4 tokens a round: free drafts and checks favour the longest k, and
+    the longest it may name is 4. Nothing measured V(n) in this cache: the slider's b, said so."""
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    _, best_k, text, _ = production_example(0.0, 0.0, trace.to_dict())
+    assert trace.meta.policy.k == 4 and "**num_speculative_tokens = 4**" in text
+    assert "among the k = 1–4" in text and "not measured for smollm2-135m on this machine" in text
+    assert max(best_k.data[0].x) == 4
 
 
 def test_position_labels_cannot_size_a_list():

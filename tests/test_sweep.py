@@ -8,8 +8,8 @@ import pytest
 from conftest import tiny_model_folder
 
 from decoding.api import RunConfig
-from decoding.tools.sweep import best_setting, sweep, tree_sweep, with_best
-from decoding.tools.workload import group_figures, workload_sweep
+from decoding.tools.sweep import best_of, best_setting, spread, sweep, tree_sweep, with_best
+from decoding.tools.workload import best_ks, group_figures, workload_sweep
 from decoding.trace import RunMeta, Totals, Trace
 
 
@@ -27,6 +27,35 @@ def test_the_best_is_starred_only_beyond_the_spread():
     assert best_setting(table([(4, 0.9, 0.8, 1.0)]), "k") == 4  # one setting: nothing to beat
     once = table([(1, 1.10, 1.10, 1.10), (2, 1.40, 1.40, 1.40)]).assign(repeats=1)
     assert best_setting(once, "k") is None  # measured once: no spread to judge by
+
+
+def test_the_best_or_why_none_is_one_value():
+    clear = with_best(table([(1, 1.10, 1.05, 1.15), (2, 1.40, 1.32, 1.45)]).assign(repeats=3), "k")
+    clear["tokens_per_round"] = [1.5, 2.5]
+    best = best_of(clear, "k")
+    assert (best.value, best.clear, best.speedup, best.repeats, best.why_not) == (2, True, 1.40, 3, "")
+    overlapping = clear.assign(speedup_low=[1.05, 1.10], best=False)
+    top = best_of(overlapping, "k")
+    assert (top.value, top.clear) == (2, False) and "spread over 3 repeats" in top.why_not
+    once = overlapping.assign(repeats=1)
+    assert "measured once" in best_of(once, "k").why_not
+    per_category = pd.concat([clear.assign(category="qa"), overlapping.assign(category="all")])
+    assert {c: b.clear for c, b in best_ks(per_category).items()} == {"qa": True, "all": False}
+
+
+def _run(speedup: float, wall_s: float = 1.0, plain_s: float = 1.0) -> Trace:
+    totals = Totals(new_tokens=10, rounds=5, proposed=8, accepted=4, wall_s=wall_s, speedup=speedup,
+                    baseline_tokens_per_s=10 / plain_s, identical_to_baseline=True)  # fmt: skip
+    return Trace(meta=RunMeta(prompt="p"), totals=totals)
+
+
+def test_the_median_of_an_even_number_of_repeats_is_the_mean_of_the_middle_two():
+    figures = spread([_run(1.4), _run(1.0)])
+    assert figures["speedup"] == pytest.approx(1.2) and figures["speedup_low"] == 1.0
+    assert spread([_run(1.0), _run(3.0), _run(1.2)])["speedup"] == 1.2
+    # A workload's: plain time over speculative time per repeat, then the same median.
+    workload = group_figures([[_run(0, wall_s=1.0, plain_s=1.0), _run(0, wall_s=1.0, plain_s=2.0)]])
+    assert workload["speedup"] == pytest.approx(1.5) and workload["speedup_low"] == pytest.approx(1.0)
 
 
 @pytest.fixture(scope="module")

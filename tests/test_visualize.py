@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
 
-from app.handlers import run_concurrency, run_theory
+from app.handlers import cached_verify, run_concurrency, run_theory
 from decoding import costmodel
 from decoding.api import RunConfig, plain_baseline
 from decoding.core.speculative import speculative_generate
@@ -192,6 +192,16 @@ def test_the_concurrency_what_if_is_the_cost_model_on_a_hand_made_v():
         f"k={k}" for k in range(1, 7)
     ] and "measured on this machine" in text
     assert "stops paying at" in text and "**Predicted**" in text
+
+
+def test_the_concurrency_chart_says_so_when_this_machine_is_not_measured_yet(tmp_path, monkeypatch):
+    """With nothing measured here, b = 0 is the slider's, not this machine's: the text says so
+    rather than promising that speculation pays at every k."""
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
+    ratios, text = cached_verify("smollm2-135m")
+    assert ratios is None and "not measured on this machine yet" in text
+    _, text = run_concurrency(0.7, 0.1, 0.0, ratios)
+    assert "not measured on this machine yet" in text and "b = 0.00" in text
 
 
 def test_simulation_matches_the_formula():

@@ -429,8 +429,14 @@ def best_k_figure(speedups: list[float], best: int) -> go.Figure:
         textposition="top center",
         marker={"size": 14, "symbol": "star", "color": COLORS["correction"]},
         name="best",
+        cliponaxis=False,  # at the first or last k the label reaches past the plot's edge
     )
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    # Room above the highest point for its label, which Plotly's own range leaves out.
+    low, high = min(*speedups, 1.0), max(*speedups, 1.0)
+    room = (high - low) or high
+    fig.update_yaxes(range=[low - 0.1 * room, high + 0.3 * room])
+    fig.update_xaxes(range=[0.5, len(speedups) + 0.5])
     return _layout(
         fig,
         "Expected speedup for this acceptance profile",

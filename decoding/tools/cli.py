@@ -18,15 +18,15 @@ from ..settings.policies import K_MAX, K_MIN
 from ..settings.sampling import Sampling
 from ..trace import Trace, agreement
 from . import metrics
-from .bench import BenchConfig, machine, run_bench
+from .bench import BenchConfig, run_bench
 from .compare import compare, parse_drafts
-from .probe import concurrency_what_if, probe
+from .probe import concurrency_what_if, measure, verify_ratios
 from .prompts import read_prompts
 from .server_bench import run_server_bench
-from .sweep import parse_sizes, sweep, tree_sweep
+from .sweep import BestSetting, best_of, parse_sizes, progress_reporter, sweep, tree_sweep
 from .train_head import TrainConfig, train_head
 from .training_data import magpie_prompts, sharegpt_conversations, sharegpt_prompts, write_training_prompts
-from .workload import best_ks, workload_sweep
+from .workload import best_ks, run_labels, workload_sweep
 
 
 class _Parser(argparse.ArgumentParser):
@@ -321,10 +321,7 @@ def _sweep(args: argparse.Namespace) -> int:
     lo, hi = sorted((args.k_from, args.k_to))
     values = parse_sizes(args.tree_sizes) if args.tree_sizes else list(range(lo, hi + 1))
     name, column = ("N", "nodes") if args.tree_sizes else ("k", "k")
-
-    def report(done: int, total: int) -> None:
-        if done < total:
-            print(f"{name} = {values[done % len(values)]} (run {done + 1} of {total})…", file=sys.stderr)
+    report = progress_reporter([f"{name} = {v}" for v in values], _say)
 
     if args.prompts:
         return _workload_sweep(args, values)
@@ -336,7 +333,7 @@ def _sweep(args: argparse.Namespace) -> int:
         _, table = sweep(run_config(args), values, report, repeats=args.repeats)
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
-    _print_table(table, name, column, args.repeats)
+    _print_table(table, name, column)
     return 0
 
 
@@ -349,61 +346,45 @@ def _workload_sweep(args: argparse.Namespace, ks: list[int]) -> int:
         rows = [r for r in rows if r["category"] in wanted]
         if not rows:
             raise SpecLensError(f"'{args.prompts}' holds no prompts of the categories {sorted(wanted)}")
-    cells = len(rows) * len(ks)
-
-    def report(done: int, total: int) -> None:
-        if done < total:
-            p, k = divmod(done % cells, len(ks))
-            print(f"prompt {p + 1} of {len(rows)}, k = {ks[k]} (run {done + 1} of {total})…", file=sys.stderr)
-
+    report = progress_reporter(run_labels(len(rows), ks), _say)
     table, _ = workload_sweep(run_config(args, prompt=""), rows, ks, report, repeats=args.repeats)
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
     print(table.round(3).to_string(index=False))
-    for category, k in best_ks(table).items():
-        why = (
-            "one repeat: no spread"
-            if args.repeats == 1
-            else f"the spreads overlap over {args.repeats} repeats"
-        )
-        print(f"{category}: " + (f"best k = {k}" if k else f"no clear best k ({why})"))
+    for category, best in best_ks(table).items():
+        print(f"{category}: {_best_line(best, 'k')}")
     return 0
+
+
+def _say(share: float, text: str) -> None:
+    """A sweep's progress on stderr, one line a run (stdout keeps the table)."""
+    if share < 1:
+        print(f"{text}…", file=sys.stderr)
 
 
 def _compare(args: argparse.Namespace) -> int:
     if args.csv_out and not args.csv_out.parent.is_dir():
         raise SpecLensError(f"cannot write the table: folder '{args.csv_out.parent}' does not exist")
     drafts = parse_drafts(args.drafts)
-
-    def report(done: int, total: int) -> None:
-        if done < total:
-            print(f"{drafts[done % len(drafts)]} (run {done + 1} of {total})…", file=sys.stderr)
-
+    report = progress_reporter(drafts, _say)
     _, table = compare(run_config(args, draft=drafts[0]), drafts, report, repeats=args.repeats)
     if args.csv_out:
         table.to_csv(args.csv_out, index=False)
-    _print_table(table, "draft", "draft", args.repeats)
+    _print_table(table, "draft", "draft")
     return 0
 
 
-def _print_table(table, name: str, column: str, repeats: int) -> None:
+def _print_table(table, name: str, column: str) -> None:
     """A sweep's or a comparison's table, then its best setting, or why none is named."""
     print(table.round(3).to_string(index=False))
-    best = table[table["best"]]
-    if best.empty:
-        why = (
-            "one repeat: no spread"
-            if repeats == 1
-            else f"the top settings' speedups overlap over {repeats} repeats"
-        )
-        print(f"no clear best {name}: {why}")
-        return
-    row = best.iloc[0]
-    value = row[column] if column == "draft" else int(row[column])
-    print(
-        f"best {name} = {value}: x{row['speedup']:.2f} over plain decoding "
-        f"(x{row['speedup_low']:.2f}-{row['speedup_high']:.2f} over {repeats} repeats)"
-    )
+    print(_best_line(best_of(table, column), name))
+
+
+def _best_line(best: BestSetting, name: str) -> str:
+    figures = f"x{best.speedup:.2f} over plain decoding (x{best.speedup_low:.2f}-{best.speedup_high:.2f} over {best.repeats} repeats)"
+    if best.clear:
+        return f"best {name} = {best.value}: {figures}"
+    return f"no clear best {name}: the top, {name} = {best.value} at x{best.speedup:.2f}, is {best.why_not}"
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -411,10 +392,9 @@ def _probe(args: argparse.Namespace) -> int:
     if not (0 <= args.alpha < 1 and args.draft_cost >= 0):
         raise SpecLensError("--alpha must lie in 0..1 (below 1) and --draft-cost be 0 or more")
     target = load_model(args.target, args.device, args.dtype, args.compile)
-    found = probe(target)
-    ratios = {int(n): row["verify_ratio"] for n, row in found.items() if n.isdigit()}
-    what_if = concurrency_what_if(ratios, args.alpha, args.draft_cost)
-    print(json.dumps({"machine": machine(), **found, "concurrency": what_if}, indent=1))
+    found = measure(target)  # kept: the app's Theory tab opens on it
+    what_if = concurrency_what_if(verify_ratios(found), args.alpha, args.draft_cost)
+    print(json.dumps({**found, "concurrency": what_if}, indent=1))
     return 0
 
 

@@ -69,7 +69,6 @@ def compare_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
                 "draft_cost": costmodel.draft_ms_per_token(trace) / step,
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
-                "speedup": t.speedup,
                 **spread(runs),
                 "identical_to_baseline": all(r.totals.identical_to_baseline for r in runs),
             }

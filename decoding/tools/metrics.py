@@ -19,13 +19,14 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from .. import costmodel
 from ..errors import SpecLensError
 from ..trace import Trace
 
@@ -218,6 +219,38 @@ def table(figures: dict) -> str:
         if key in figures:
             lines.append(f"{key.replace('_', ' '):<24}{figures[key]:.1f}")
     return "\n".join(lines)
+
+
+# -- the best num_speculative_tokens for a deployment's acceptance ------------------
+
+ASSUMED_POSITIONS = 8  # an engine that reports only an average rate: the profile is taken this long
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """The best num_speculative_tokens for a measured acceptance, chosen only among the k it was
+    measured for: past the positions a deployment drafted, its acceptance would be a guess."""
+
+    best: int
+    speedups: list[float]  # expected, for k = 1 .. measured
+    measured: int  # draft positions with a measured acceptance
+    assumed: bool  # per-position acceptance assumed from an average rate (SGLang)
+
+
+def acceptance_profile(figures: dict) -> list[float]:
+    """Per-position acceptance; SGLang reports only an average rate, taken as i.i.d. per position."""
+    if figures["per_position"]:
+        return figures["per_position"]
+    rate = figures["acceptance_rate"] or 0.0
+    return [rate ** (i + 1) for i in range(ASSUMED_POSITIONS)]
+
+
+def choose_k(figures: dict, draft_cost: float, verify_ratio: Callable[[int], float]) -> KChoice:
+    """The k with the best expected speedup for these figures (`summary`'s), a draft step costing
+    `draft_cost` target steps and checking n tokens `verify_ratio(n)` (costmodel.best_k_profile)."""
+    profile = acceptance_profile(figures)
+    best, speedups = costmodel.best_k_profile(profile, draft_cost, verify_ratio, k_max=len(profile))
+    return KChoice(best, speedups, len(profile), not figures["per_position"])
 
 
 # -- SpecLens's own runs as a page --------------------------------------------------

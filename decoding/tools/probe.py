@@ -5,20 +5,34 @@ larger of two limits: streaming the weights once (weight bytes ÷ memory
 bandwidth) and doing the arithmetic (n × FLOPs per token ÷ the peak of a
 large matrix product). Both limits are measured here, on this machine, with
 the same process and threads the decoder uses.
+
+What the probe found is kept in the cache folder, one file per machine,
+target, device and dtype (`measure`, `cached`): the app's Theory and
+Production tabs open on this machine's own V(n) once it was measured here.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import functools
+import hashlib
+import json
+import os
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from .. import costmodel
-from ..models.loading import LoadedModel
+from ..errors import SpecLensError
+from ..models.loading import LoadedModel, pick_device, pick_dtype
 from ..runtime.forward import crop, forward, new_cache
 from ..runtime.rowlinear import RowLinear, kernel_choices
+from ..settings.environment import cache_dir
+from .bench import machine
 
 ROWS = (1, 2, 3, 5, 9, 17, 32, 64)  # 32 and 64: what several requests decoded together check
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
@@ -147,6 +161,56 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
             "step_over_limit": round(statistics.median(paired), 3),
         }
     return result
+
+
+def cache_file(target: str, device: torch.device, dtype: torch.dtype, compiled: bool = False) -> Path:
+    """Where the probe's figures for `target` are kept: they hold for this machine, device, dtype
+    and compilation alone, so all of them name the file."""
+    key = json.dumps([machine(), target.strip(), str(device), str(dtype), compiled])
+    return cache_dir() / "probe" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def measure(target: LoadedModel) -> dict:
+    """`probe`, with the machine and the time, kept where `cached` finds it."""
+    found = probe(target) | {
+        "machine": machine(),
+        "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    path = cache_file(target.name, target.device, target.dtype, target.compiled)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(f".{os.getpid()}.part")  # whole or not at all, with two servers writing
+    part.write_text(json.dumps(found, indent=1))
+    part.replace(path)
+    return found
+
+
+def cached(target: str, device: str | None = None, dtype: str | None = None) -> dict | None:
+    """What `measure` found for `target` (the device and dtype it loads with by default, as the app
+    loads it) on this machine, or None when it was never measured here."""
+    try:
+        dev = pick_device(device)
+        found = json.loads(cache_file(target, dev, pick_dtype(dev, dtype)).read_text())
+    except (SpecLensError, OSError, ValueError):  # no such device here, never measured, a file cut short
+        return None
+    return found if verify_ratios(found) else None
+
+
+def measured_verify_ratio(
+    target: str, device: str | None = None, dtype: str | None = None
+) -> tuple[Callable[[int], float], str] | None:
+    """V(n)/V(1) for any n as the probe measured it for `target` on this machine (straight lines
+    between its points, costmodel.verify_ratio_at), and the day it did; None where it never did."""
+    found = cached(target, device, dtype)
+    if found is None:
+        return None
+    return functools.partial(costmodel.verify_ratio_at, verify_ratios(found)), found.get("measured_at", "?")[
+        :10
+    ]
+
+
+def verify_ratios(found: dict) -> dict[int, float]:
+    """V(n)/V(1) for each n the probe measured."""
+    return {int(n): row["verify_ratio"] for n, row in found.items() if n.isdigit()}
 
 
 def concurrency_what_if(ratios: dict[int, float], alpha: float, c: float, ks: range = range(1, 7)) -> dict:

@@ -2,14 +2,17 @@
 
 Every setting is measured `repeats` times, each time right after a plain run of its own, the
 settings taking turns (k=1, k=2, …, then again), so that a machine that speeds up or slows down
-falls on all of them alike. A setting's speedup is the median of its repeats, with the lowest and
-highest beside it; the best is named only where it beats the runner-up beyond that spread.
+falls on all of them alike. A setting's speedup is the median of its repeats (of an even number,
+the mean of the middle two), with the lowest and highest beside it; the best is named only where it
+beats the runner-up beyond that spread (`best_of` says which, or why none, for the app and the CLI
+alike).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Callable, Sequence
 
 import pandas as pd
@@ -141,14 +144,77 @@ def interleaved(
 
 
 def median_run(traces: Sequence[Trace]) -> Trace:
-    """The repeat whose speedup is the median (the lower middle one of an even count)."""
+    """The repeat a setting is shown by: the one whose speedup is the median (of an even count, the
+    lower middle one; the table's speedup is still the median, from `spread`)."""
     ranked = sorted(traces, key=lambda t: t.totals.speedup)
     return ranked[(len(ranked) - 1) // 2]
 
 
 def spread(traces: Sequence[Trace]) -> dict:
-    speedups = [t.totals.speedup for t in traces]
-    return {"speedup_low": min(speedups), "speedup_high": max(speedups), "repeats": len(speedups)}
+    """The median speedup of a setting's repeats, the lowest and the highest."""
+    return speedup_spread([t.totals.speedup for t in traces])
+
+
+def speedup_spread(speedups: Sequence[float]) -> dict:
+    return {
+        "speedup": statistics.median(speedups),
+        "speedup_low": min(speedups),
+        "speedup_high": max(speedups),
+        "repeats": len(speedups),
+    }
+
+
+def progress_reporter(labels: Sequence[str], say: Callable[[float, str], None]) -> Callable[[int, int], None]:
+    """The callback `interleaved` reports to, saying which run is next (`labels`: one a setting, in
+    the order the settings take turns) and then "done", as a share done and a line."""
+
+    def report(done: int, total: int) -> None:
+        say(
+            done / total,
+            f"{labels[done % len(labels)]} (run {done + 1} of {total})" if done < total else "done",
+        )
+
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class BestSetting:
+    """What a sweep's table says: its clear best setting, or, where none is clear, the top one and
+    why it is not named best. The app and the CLI only word it."""
+
+    value: int | str  # the setting (k, N or a draft source)
+    clear: bool
+    speedup: float  # the median over the repeats
+    speedup_low: float
+    speedup_high: float
+    repeats: int
+    tokens_per_round: float
+
+    @property
+    def why_not(self) -> str:
+        """Why the top setting is not named best; empty when it is."""
+        if self.clear:
+            return ""
+        if self.repeats == 1:
+            return "measured once: one repeat has no spread to tell a best from noise"
+        return f"within another setting's spread over {self.repeats} repeats"
+
+
+def best_of(table: pd.DataFrame, column: str) -> BestSetting:
+    """The row `with_best` starred, else the one with the highest median speedup."""
+    starred = table[table["best"]]
+    clear = not starred.empty
+    row = starred.iloc[0] if clear else table.loc[table["speedup"].idxmax()]
+    value = row[column]
+    return BestSetting(
+        value=value if isinstance(value, str) else int(value),
+        clear=clear,
+        speedup=float(row["speedup"]),
+        speedup_low=float(row["speedup_low"]),
+        speedup_high=float(row["speedup_high"]),
+        repeats=int(table["repeats"].min()),
+        tokens_per_round=float(row["tokens_per_round"]),
+    )
 
 
 def with_best(table: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -185,7 +251,6 @@ def tree_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
                 "tokens_per_round": t.tokens_per_round,
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
-                "speedup": t.speedup,
                 **spread(runs),
                 "verify_ms": verify,
                 "verify_ratio": verify / t_target,
@@ -222,7 +287,6 @@ def sweep_table(measured: Sequence[Sequence[Trace]]) -> pd.DataFrame:
                 "tokens_per_round": t.tokens_per_round,
                 "tokens_per_s": t.tokens_per_s,
                 "baseline_tokens_per_s": t.baseline_tokens_per_s,
-                "speedup": t.speedup,
                 **spread(runs),
                 "predicted_leviathan": costmodel.expected_speedup(alpha, k, t_draft / t_target),
                 "predicted_measured": costmodel.expected_speedup_measured(alpha, k, t_target, t_draft, v),

@@ -16,7 +16,7 @@ import pandas as pd
 from ..api import RunConfig
 from ..core.plain import StopCheck
 from ..trace import Trace
-from .sweep import check_ks, interleaved, with_best
+from .sweep import BestSetting, best_of, check_ks, interleaved, speedup_spread, with_best
 
 ALL = "all"
 WORKLOAD_COLUMNS = [
@@ -78,10 +78,10 @@ def _category_order(category: str) -> tuple[bool, str]:
 def group_figures(cells: Sequence[Sequence[Trace]]) -> dict:
     """Figures of prompts run at one k: per repeat, plain time over speculative time for them all."""
     repeats = min(len(runs) for runs in cells)
-    ratios = sorted(
+    ratios = [
         sum(_plain_s(runs[r]) for runs in cells) / sum(runs[r].totals.wall_s for runs in cells)
         for r in range(repeats)
-    )
+    ]
     traces = [t for runs in cells for t in runs[:repeats]]
     proposed = sum(t.totals.proposed for t in traces)
     return {
@@ -89,10 +89,7 @@ def group_figures(cells: Sequence[Sequence[Trace]]) -> dict:
         "acceptance_rate": sum(t.totals.accepted for t in traces) / proposed if proposed else 0.0,
         "tokens_per_round": sum(t.totals.new_tokens for t in traces)
         / max(sum(t.totals.rounds for t in traces), 1),
-        "speedup": ratios[(repeats - 1) // 2],
-        "speedup_low": ratios[0],
-        "speedup_high": ratios[-1],
-        "repeats": repeats,
+        **speedup_spread(ratios),
         "identical_to_baseline": all(t.totals.identical_to_baseline for t in traces),
     }
 
@@ -102,10 +99,11 @@ def _plain_s(trace: Trace) -> float:
     return trace.totals.new_tokens / trace.totals.baseline_tokens_per_s
 
 
-def best_ks(table: pd.DataFrame) -> dict[str, int | None]:
-    """Each category's clear best k, or None where the spreads overlap."""
-    best = {}
-    for category, part in table.groupby("category", sort=False):
-        chosen = part[part["best"]]
-        best[category] = None if chosen.empty else int(chosen.iloc[0]["k"])
-    return best
+def best_ks(table: pd.DataFrame) -> dict[str, BestSetting]:
+    """Each category's best k, or its top k and why none is named best (sweep.best_of)."""
+    return {category: best_of(part, "k") for category, part in table.groupby("category", sort=False)}
+
+
+def run_labels(prompts: int, ks: Sequence[int]) -> list[str]:
+    """Each run's name, in the order `workload_sweep` makes them, for its progress reports."""
+    return [f"prompt {p + 1} of {prompts}, k = {k}" for p in range(prompts) for k in ks]
