@@ -81,12 +81,21 @@
 
 // Step-through (visualize/timeline.py's STEPPER): each round built up stage by stage. A round's
 // stages: 0, its draft's tokens shown, none judged yet; j, the first j judged; then the target's
-// own token. A round that drafted nothing has the last stage alone. ←/→ step, space plays.
+// own token. A round that drafted nothing has the last stage alone. ←/→ step whenever no control
+// that takes typing or arrows has focus; space on the play button plays.
+// Explore's timeline and its "Explain round" slider share one round: a step into another round
+// moves the slider, the server explains that round and sends the timeline again, and the
+// step-through carries on in it from where it was; moving the slider by hand steps to that round.
 (() => {
-  let timer = null;
+  let timer = null, lastHost = null;
+  const SLIDER = { timeline: "round" };  // a timeline's elem_id -> its round slider's elem_id
+  const kept = {};  // elem_id -> the stage a step-through is at, while one is on
   const VERDICT = { "sl-accepted": "kept", "sl-rejected": "refused: the target would have written another token", "sl-discarded": "never judged: it came after a refusal" };
   const OWN = { "sl-correction": "the target's own token, in place of the refused one", "sl-bonus": "the target's bonus token: every draft was kept", "sl-target": "the target alone: nothing was drafted" };
   const kindOf = (chip, names) => Object.keys(names).find((k) => chip.classList.contains(k));
+  const hostOf = (tl) => { const h = tl.closest(".block[id]"); return h ? h.id : null; };  // the Gradio component
+  const timelineIn = (host) => document.querySelector(`#${host} .sl-timeline`);
+  const slider = (host) => SLIDER[host] && document.querySelector(`#${SLIDER[host]} input[type=range]`);
   const stages = (tl) => {
     const out = [];
     tl.querySelectorAll(".sl-round").forEach((r, i) => {
@@ -103,6 +112,13 @@
     else if (s <= drafts.length) what = `token ${s} of ${drafts.length}: ${VERDICT[kindOf(drafts[s - 1], VERDICT)] || "judged"}`;
     else what = OWN[kindOf(round.querySelector('[data-step="emit"]'), OWN)] || "the target's own token";
     return `Round ${index + 1} of ${total}: ${what}`;
+  };
+  // The slider moves as a hand would move it, so Gradio sends the change to the server.
+  const follow = (host, round) => {
+    const range = slider(host);
+    if (!range || Number(range.value) === round + 1 || round + 1 > Number(range.max)) return;
+    range.value = String(round + 1);
+    range.dispatchEvent(new Event("input", { bubbles: true }));
   };
   const render = (tl, pos) => {
     const list = stages(tl);
@@ -121,16 +137,25 @@
     });
     rounds[at].scrollIntoView({ block: "nearest" });
     tl.querySelector(".sl-step-where").textContent = describe(rounds[at], s, rounds.length, at);
+    const host = hostOf(tl);
+    if (host) { lastHost = host; kept[host] = { pos, at }; follow(host, at); }
     if (pos === list.length - 1) pause(tl);
+  };
+  const playLabel = (tl, playing) => {
+    const play = tl.querySelector(".sl-step-play");
+    if (!play) return;
+    play.textContent = playing ? "⏸ Pause" : "▶ Play";
+    play.setAttribute("aria-label", playing ? "pause" : "play");
   };
   const pause = (tl) => {
     if (timer) clearInterval(timer);
     timer = null;
-    const play = tl.querySelector(".sl-step-play");
-    if (play) { play.textContent = "▶ Play"; play.setAttribute("aria-label", "play"); }
+    playLabel(tl, false);
   };
   const showAll = (tl) => {
     pause(tl);
+    const host = hostOf(tl);
+    if (host) delete kept[host];
     tl.classList.remove("sl-stepping");
     delete tl.dataset.pos;
     tl.querySelectorAll(".sl-future, .sl-pending, .sl-unseen, .sl-step-current").forEach((el) => el.classList.remove("sl-future", "sl-pending", "sl-unseen", "sl-step-current"));
@@ -138,15 +163,38 @@
     tl.querySelector(".sl-step-play").textContent = "▶ Step through";
   };
   const step = (tl, by) => render(tl, tl.dataset.pos === undefined ? 0 : Number(tl.dataset.pos) + by);
+  // The timeline a tick or a key acts on: the same one, or the one the server sent in its place.
+  const live = (tl) => (tl.isConnected ? tl : (tl.dataset.host && timelineIn(tl.dataset.host)) || null);
   const play = (tl) => {
     if (timer) return pause(tl);
     const speed = Number(tl.querySelector(".sl-step-speed").value || 1);
     if (tl.dataset.pos === undefined || Number(tl.dataset.pos) >= stages(tl).length - 1) render(tl, 0);
-    const button = tl.querySelector(".sl-step-play");
-    button.textContent = "⏸ Pause";
-    button.setAttribute("aria-label", "pause");
-    timer = setInterval(() => (tl.isConnected ? step(tl, 1) : pause(tl)), 900 / speed);
+    playLabel(tl, true);
+    tl.dataset.host = hostOf(tl) || "";
+    timer = setInterval(() => {
+      const now = live(tl);
+      if (!now || now.dataset.pos === undefined) return pause(tl);
+      now.dataset.host = tl.dataset.host;
+      tl = now;
+      step(tl, 1);
+    }, 900 / speed);
   };
+  // A timeline the server sent again: the step-through carries on where it was, or, when the
+  // slider was moved by hand, at that round; a new run's timeline (nothing selected) starts afresh.
+  const resume = () => {
+    for (const host of Object.keys(kept)) {
+      const tl = timelineIn(host);
+      if (!tl || tl.dataset.pos !== undefined || !tl.querySelector(".sl-stepper")) continue;
+      const selected = tl.querySelector(".sl-round.sl-selected");
+      if (!selected) { delete kept[host]; continue; }
+      const range = slider(host);
+      const round = range ? Number(range.value) - 1 : Number(selected.dataset.round);
+      const { pos, at } = kept[host];
+      render(tl, at === round ? pos : stages(tl).findIndex(([i]) => i === round));
+      if (timer) playLabel(tl, true);
+    }
+  };
+  new MutationObserver(() => { if (Object.keys(kept).length) resume(); }).observe(document.documentElement, { childList: true, subtree: true });
   document.addEventListener("click", (e) => {
     const tl = e.target.closest && e.target.closest(".sl-timeline");
     if (!tl || !e.target.closest(".sl-stepper button")) return;
@@ -158,9 +206,23 @@
     const tl = e.target.closest && e.target.closest(".sl-timeline");
     if (tl && e.target.matches(".sl-step-speed") && timer) { pause(tl); play(tl); }
   });
+  // Controls that take typing or use the arrows themselves keep them.
+  const OWN_ARROWS = "input:not([type=checkbox]):not([type=button]):not([type=submit]), textarea, select, [contenteditable]:not([contenteditable=false]), [role=slider], [role=listbox], [role=combobox]";
+  const shown = (tl) => tl.getClientRects().length > 0 && tl.querySelector(".sl-stepper");
+  const keyed = () => {
+    const active = document.activeElement;
+    const inside = active && active.closest && active.closest(".sl-timeline");
+    if (inside && shown(inside)) return inside;
+    const last = lastHost && timelineIn(lastHost);
+    if (last && shown(last)) return last;
+    return [...document.querySelectorAll(".sl-timeline")].find(shown) || null;
+  };
   document.addEventListener("keydown", (e) => {
-    const tl = document.activeElement && document.activeElement.closest && document.activeElement.closest(".sl-timeline");
-    if (!tl || !tl.querySelector(".sl-stepper") || !["ArrowLeft", "ArrowRight"].includes(e.key)) return;
+    if (!["ArrowLeft", "ArrowRight"].includes(e.key) || e.altKey || e.ctrlKey || e.metaKey || e.shiftKey) return;
+    const active = document.activeElement;
+    if (active && active.matches && active.matches(OWN_ARROWS)) return;
+    const tl = keyed();
+    if (!tl) return;
     e.preventDefault();
     pause(tl);
     step(tl, e.key === "ArrowRight" ? 1 : -1);

@@ -196,6 +196,46 @@ def test_explore_steps_through_each_round_stage_by_stage(page):
     assert timeline.locator(".sl-round:not(.sl-future)").count() == rounds and state()[2] == 0
 
 
+def stepper_at(page) -> str:
+    return page.locator("#timeline .sl-step-where").inner_text()
+
+
+def test_step_through_and_explain_round_share_one_round_and_the_keys_need_no_click(page):
+    """→ works with nothing focused; stepping into round 4 explains round 4 (the slider, the
+    sentence, the selected row) and the step-through goes on in the timeline the server sent
+    back; the slider moved by hand steps there; a text box keeps its arrows."""
+    page.wait_for_selector("#timeline .sl-stepper", timeout=60_000)
+    page.keyboard.press("ArrowRight")  # nothing clicked: the page itself has the focus
+    assert stepper_at(page).startswith("Round 1 of")
+    for _ in range(40):
+        if stepper_at(page).startswith("Round 4 of"):
+            break
+        page.keyboard.press("ArrowRight")
+    assert stepper_at(page).startswith("Round 4 of")
+    page.wait_for_function(
+        "document.querySelector('#sentence').innerText.startsWith('Round 4:')"
+        " && document.querySelector('#timeline .sl-selected[data-round=\"3\"]')",
+        timeout=30_000,
+    )
+    assert page.locator("#round input[type=number]").input_value() == "4"
+    where = stepper_at(page)
+    assert where.startswith("Round 4 of")  # the timeline came back and the step-through kept its place
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowRight")
+    assert stepper_at(page) == where
+    set_number(page, "round", 2)
+    page.wait_for_function(
+        "document.querySelector('#sentence').innerText.startsWith('Round 2:')"
+        " && document.querySelector('#timeline .sl-step-where').innerText.startsWith('Round 2 of')",
+        timeout=30_000,
+    )
+    page.click("#prompt textarea")
+    before = stepper_at(page)
+    page.keyboard.press("ArrowRight")
+    assert stepper_at(page) == before  # the text box moved its caret, not the step-through
+    page.screenshot(path=ARTIFACTS / "explore-step-explain.png", full_page=True)
+
+
 def test_replay_example_and_step_through(page):
     page.get_by_role("tab", name="Replay").click()
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
