@@ -37,6 +37,36 @@
   document.addEventListener("scroll", () => { if (!pinned) hide(); }, true);
 })();
 
+// A draft copied from the prompt (visualize/timeline.py's data-copy, data-key: 1-based positions):
+// a click marks in the prompt the tokens it copied and those it matched before them, unfolds the
+// chat template where they lie, and scrolls the prompt to them.
+(() => {
+  const within = (spec, pos) => { const [a, b] = (spec || "").split("-").map(Number); return pos >= a && pos <= b; };
+  document.addEventListener("click", (e) => {
+    const chip = e.target.closest && e.target.closest(".sl-tok[data-copy]");
+    const timeline = chip && chip.closest(".sl-timeline");
+    const prompt = timeline && timeline.querySelector("div.sl-prompt");
+    if (!prompt) return;
+    prompt.querySelectorAll("[data-pos]").forEach((t) => {
+      const pos = Number(t.dataset.pos);
+      const mark = within(chip.dataset.copy, pos) ? "sl-match-copy" : within(chip.dataset.key, pos) ? "sl-match-key" : "";
+      t.classList.remove("sl-match-key", "sl-match-copy");
+      if (!mark) return;
+      t.classList.add(mark);
+      const fold = t.closest("details");
+      if (fold) fold.open = true;
+    });
+    const first = prompt.querySelector(".sl-match-copy");
+    if (!first) return;
+    // Only the prompt's box and the rounds' box scroll: the page, and the popover, stay put.
+    const box = first.closest(".sl-tok.sl-prompt");
+    if (box) box.scrollTop += first.getBoundingClientRect().top - box.getBoundingClientRect().top - 4;
+    const rounds = prompt.closest(".sl-rounds");
+    const above = rounds && prompt.getBoundingClientRect().top - rounds.getBoundingClientRect().top;
+    if (rounds && above < 0) rounds.scrollTop += above;
+  });
+})();
+
 // The race (visualize/race.py): both lanes replayed at their measured token times, slowed down
 // by the chosen factor. One race at a time; Race again restarts it.
 (() => {

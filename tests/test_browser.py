@@ -236,6 +236,26 @@ def test_step_through_and_explain_round_share_one_round_and_the_keys_need_no_cli
     page.screenshot(path=ARTIFACTS / "explore-step-explain.png", full_page=True)
 
 
+def test_a_draft_copied_from_the_chat_template_opens_it_at_the_positions_it_names(page):
+    """The example's first round copied "You are a helpful" from the folded template: a click on
+    its token unfolds the template, numbered, with those positions marked and in view."""
+    chip = page.locator("#timeline [data-round='0'] .sl-tok[data-copy]").first
+    chip.wait_for(timeout=60_000)
+    tip = chip.get_attribute("data-tip")
+    first, last = map(int, re.search(r"copied from prompt tokens (\d+)–(\d+)", tip).groups())
+    fold = page.locator("#timeline .sl-template").first
+    assert fold.get_attribute("open") is None and "chat template" in tip
+    chip.click()
+    assert fold.get_attribute("open") is not None
+    marked = fold.locator(".sl-match-copy")
+    assert marked.evaluate_all("els => els.map(e => Number(e.dataset.pos))") == list(range(first, last + 1))
+    assert marked.first.is_visible()
+    number = marked.first.evaluate("e => getComputedStyle(e, '::before').content")
+    assert number == f'"{first}"'  # each unfolded token shows its position
+    assert "".join(marked.all_inner_texts()).replace(str(first), "", 1).strip().startswith("You")
+    page.locator("#timeline").screenshot(path=ARTIFACTS / "explore-template-copy.png")
+
+
 def test_replay_example_and_step_through(page):
     page.get_by_role("tab", name="Replay").click()
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
@@ -404,7 +424,7 @@ def test_the_first_load_shows_an_example_run_and_replay_its_example(page):
     assert page.locator("#timeline [data-round]").count() > 10
     assert page.locator("#run-status").inner_text().startswith("Example run")
     assert page.locator("#cards .sl-card").count() >= 4
-    assert page.locator("#timeline .sl-template summary").first.inner_text() == "chat template"
+    assert page.locator("#timeline .sl-template summary").first.inner_text().startswith("chat template")
     page.get_by_role("tab", name="Replay").click()
     page.wait_for_function(
         "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000

@@ -386,3 +386,25 @@ def test_a_workload_of_one_category_draws_its_line_without_a_copy_named_all():
     for figure in (workload_curve, workload_tokens_per_round):
         assert [t.name for t in figure(table(["qa", "all"])).data] == ["qa"]
         assert [t.name for t in figure(table(["qa", "rag", "all"])).data] == ["qa", "rag", "all"]
+
+
+def test_the_chat_template_unfolds_to_numbered_tokens_and_a_draft_copied_from_it_points_there():
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    fold = re.compile(r'<details class="sl-template"( open)?><summary>([^<]*)</summary>(.*?)</details>', re.S)
+    before, after = fold.findall(timeline_html(trace))
+    n = len(re.findall(r"data-pos=", before[2]))
+    assert before[:2] == ("", f"chat template · tokens 1–{n}")  # folded, and says which positions
+    assert re.findall(r'data-pos="(\d+)"', before[2]) == [str(i) for i in range(1, n + 1)]
+    assert after[1].endswith(f"–{trace.meta.prompt_tokens}")  # the template after the typed text
+    i, rnd = next((i, r) for i, r in enumerate(trace.rounds) if r.match and r.match.start < n)
+    copy = f"{rnd.match.start + 1}-{rnd.match.start + rnd.k}"
+    chip = re.search(
+        rf'data-round="{i}".*?<span class="sl-tok sl-\w+" data-tip="([^"]*)"[^>]*data-copy="{copy}"',
+        timeline_html(trace),
+        re.S,
+    )
+    assert chip and "copied from prompt tokens" in chip.group(1) and "chat template" in chip.group(1)
+    opened, _ = fold.findall(timeline_html(trace, selected=i))  # the round chosen: its source shown
+    assert opened[0] == " open"
+    marked = re.findall(r'<span class="sl-match-copy" data-pos="(\d+)"', opened[2])
+    assert marked == [str(p) for p in range(rnd.match.start + 1, rnd.match.start + rnd.k + 1)]
