@@ -756,7 +756,7 @@ def read_replay(upload: str | None, example: str | None) -> Trace:
         if os.path.getsize(path) > MAX_TRACE_BYTES:
             raise SpecLensError(f"that file is over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
         trace = Trace.load(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise SpecLensError(f"cannot read that file: {exc}") from None
     validate(trace)
     if not trace.rounds:
