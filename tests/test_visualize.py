@@ -111,7 +111,8 @@ def test_explanations_say_what_happened():
     first = explain_round(t.rounds[0], 0)
     assert "kept “<script>alert(1)</script>”" in first and "rejected “ b”" in first
     assert (
-        "wrote “ d” instead" in first and "1 draft token after it was discarded without being judged" in first
+        "wrote “ d” instead" in first
+        and "the draft token after it was discarded without being judged, since it followed" in first
     )
     assert "added “ g” for free" in explain_round(t.rounds[1], 1)
     assert "ended the text" in explain_round(t.rounds[2], 2)
@@ -408,3 +409,35 @@ def test_the_chat_template_unfolds_to_numbered_tokens_and_a_draft_copied_from_it
     assert opened[0] == " open"
     marked = re.findall(r'<span class="sl-match-copy" data-pos="(\d+)"', opened[2])
     assert marked == [str(p) for p in range(rnd.match.start + 1, rnd.match.start + rnd.k + 1)]
+
+
+def test_a_round_of_one_token_is_told_in_the_singular():
+    kept = Round(
+        1,
+        [DraftToken(1, " a", 0.9)],
+        [Verdict(0.9, 1.0, None, True)],
+        1,
+        Emitted(2, " b", "bonus", 0.8),
+        1,
+        1,
+        2,
+    )
+    refused = replace(kept, verdicts=[Verdict(0.1, 0.0, None, False)], n_accepted=0)
+    refused.emitted = Emitted(3, " c", "correction", 0.7)
+    two = Round(
+        3,
+        [DraftToken(1, " a", 0.9), DraftToken(2, " b", 0.8), DraftToken(3, " c", 0.7)],
+        [Verdict(0.1, 0.0, None, False)] + [Verdict(None, None, None, False, "discarded")] * 2,
+        0,
+        Emitted(4, " d", "correction", 0.7),
+        1,
+        1,
+        2,
+    )
+    assert "the target kept it and added “ b” for free" in explain_round(kept, 0)
+    assert "the target rejected “ a”, because" in explain_round(refused, 0)
+    sentence = explain_round(two, 0)
+    assert "the 2 draft tokens after it were discarded without being judged, since they followed" in sentence
+    assert "the target kept none of them, rejected" in sentence
+    for text in map(explain_round, (kept, refused), (0, 0)):
+        assert "all of them" not in text and "none of them" not in text, text
