@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
 
-from app.handlers import run_concurrency, run_theory
+from app.handlers import run_concurrency, run_theory, run_tree_theory
 from decoding import costmodel
 from decoding.api import RunConfig, plain_baseline
 from decoding.core.speculative import speculative_generate
@@ -441,3 +441,11 @@ def test_a_round_of_one_token_is_told_in_the_singular():
     assert "the target kept none of them, rejected" in sentence
     for text in map(explain_round, (kept, refused), (0, 0)):
         assert "all of them" not in text and "none of them" not in text, text
+
+
+def test_the_tree_text_says_why_its_second_choice_is_not_the_sliders():
+    _, text = run_tree_theory(0.9, 0.15, 3, 4, 0.1, 0.0)
+    assert "0.90, 0.09, 0.01" in text  # what the cost model used: the first choice leaves 0.10
+    assert "α₂ = 0.15" in text and "0.10 (1 − α)" in text
+    _, text = run_tree_theory(0.7, 0.15, 3, 4, 0.1, 0.0)
+    assert "0.70, 0.15, 0.03" in text and "1 − α" not in text  # room enough: the slider's own value
