@@ -449,3 +449,15 @@ def test_the_tree_text_says_why_its_second_choice_is_not_the_sliders():
     assert "α₂ = 0.15" in text and "0.10 (1 − α)" in text
     _, text = run_tree_theory(0.7, 0.15, 3, 4, 0.1, 0.0)
     assert "0.70, 0.15, 0.03" in text and "1 − α" not in text  # room enough: the slider's own value
+
+
+def test_the_race_writes_the_text_without_its_end_of_text_token():
+    trace = hand_made()  # its last round's token, "</s>", ended the text
+    trace.output = Output("<script>alert(1)</script> d\n f g", trace.output.token_ids)
+    texts = ["<script>alert(1)</script>", " d", "\n", " f", " g", "</s>"]
+    trace.attach_baseline(Baseline(trace.output.text, trace.output.token_ids, 1.0, 6.0, [0.1] * 6, texts))
+    data = json.loads(html_lib.unescape(re.search(r'data-race="([^"]*)"', race_html(trace)).group(1)))
+    for lane in data.values():
+        assert "".join(x for _, x in lane) == trace.output.text and len(lane) == 6  # its time still counts
+    example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # cut at 64 tokens
+    assert spec_tokens(example)[-1] == "tle" and plain_tokens(example)[-1] == "tle"
