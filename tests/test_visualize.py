@@ -461,3 +461,10 @@ def test_the_race_writes_the_text_without_its_end_of_text_token():
         assert "".join(x for _, x in lane) == trace.output.text and len(lane) == 6  # its time still counts
     example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # cut at 64 tokens
     assert spec_tokens(example)[-1] == "tle" and plain_tokens(example)[-1] == "tle"
+
+
+def test_a_stopped_run_says_why_it_has_no_race():
+    trace = hand_made()
+    trace.meta = replace(trace.meta, stopped="stopped by the user")  # Stop, with Compare ticked
+    html = race_html(trace)
+    assert "Stopped by the user: no plain run to race against." in html and "Compare" not in html

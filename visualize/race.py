@@ -50,6 +50,9 @@ def plain_tokens(trace: Trace) -> list[str]:
 def race_html(trace: Trace | None) -> str:
     """Two lanes, speculative and plain, and the controls that replay them; a line saying what is
     missing when the run has no comparison."""
+    if trace is not None and trace.baseline is None and trace.meta.stopped:  # Stop came first
+        why = f"{trace.meta.stopped.capitalize()}: no plain run to race against."
+        return f'<div class="sl-race sl-empty">{escape(why)}</div>'
     if trace is None or trace.baseline is None or not trace.rounds:
         return '<div class="sl-race sl-empty">Run with "Compare with plain decoding" to race the two.</div>'
     lanes = {
