@@ -30,6 +30,10 @@ ON_LOAD_JS = """() => {
   }
 }"""
 
+NEXT_ROUND_JS = (
+    "(r) => Math.min(r + 1, Number(document.querySelector('#replay-round input[type=range]').max))"
+)
+
 # A pair sets everything it names: target, draft source, N, and the draft model.
 OFFLINE_PAIRS = {
     "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", 10, None),
@@ -395,8 +399,10 @@ def replay_tab(demo: gr.Blocks) -> None:
     checked.success(h.load_replay, [upload, example], outputs, api_name="replay")
     demo.load(h.load_replay, [upload, example], outputs, **PRIVATE)
     step.change(h.replay_step, [state, step], [timeline, sentence, tree], api_name="replay_step")
-    prev_btn.click(lambda r: max(1, r - 1), step, step, api_visibility="private")
-    next_btn.click(lambda r: r + 1, step, step, api_visibility="private")
+    # In the browser: a click counts from the round the page shows now, however fast they come
+    # (a round trip per click would start from a value a click before it had already moved).
+    prev_btn.click(None, step, step, js="(r) => Math.max(1, r - 1)", **PRIVATE)
+    next_btn.click(None, step, step, js=NEXT_ROUND_JS, **PRIVATE)
 
 
 def production_tab(trace_state: gr.State) -> None:

@@ -283,6 +283,31 @@ def test_replay_example_and_step_through(page):
     page.screenshot(path=ARTIFACTS / "replay.png", full_page=True)
 
 
+def test_replay_counts_every_one_of_forty_quick_clicks(page):
+    page.get_by_role("tab", name="Replay").click()
+    page.click("#example input")
+    page.get_by_role("option", name="classroom-ngram-sampled").click()  # 45 rounds
+    page.click("#load")
+    page.wait_for_function(
+        "document.querySelector('#replay-round input[type=range]').max === '45'"
+        " && document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')",
+        timeout=60_000,
+    )
+    for _ in range(40):
+        page.click("#next", delay=0)
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 41:')", timeout=60_000
+    )
+    assert page.locator("#replay-round input[type=number]").input_value() == "41"
+    for _ in range(10):  # past the last round it stays there
+        page.click("#next", delay=0)
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 45:')", timeout=60_000
+    )
+    page.wait_for_timeout(1000)
+    assert page.locator("#replay-round input[type=number]").input_value() == "45"
+
+
 def test_theory_simulation(page):
     page.get_by_role("tab", name="Theory").click()
     page.click("#simulate")
