@@ -13,9 +13,10 @@
     }
     return tip;
   };
-  const show = (el) => {
+  let noteUntil = 0;
+  const show = (el, text = el.dataset.tip) => {
     const t = box();
-    t.textContent = el.dataset.tip;
+    t.textContent = text;
     t.style.display = "block";
     const r = el.getBoundingClientRect(), w = t.offsetWidth, h = t.offsetHeight;
     const left = Math.max(8, Math.min(r.left, window.innerWidth - w - 8));
@@ -31,8 +32,22 @@
   document.addEventListener("click", (e) => {
     const el = target(e);
     if (el && el !== pinned) { show(el); pinned = el; tip.classList.add("sl-pinned"); }
-    else { hide(); if (tip) tip.classList.remove("sl-pinned"); }
+    else if (performance.now() > noteUntil) { hide(); if (tip) tip.classList.remove("sl-pinned"); }
   });
+  // A slider's number box moves a typed value past its ends to the nearest end when it loses the
+  // focus (Gradio does, silently): say so beside it, pinned, so k = 0 does not quietly become 1.
+  // (blur in the capture phase: before the box's own blur handler moves the value)
+  document.addEventListener("blur", (e) => {
+    const input = e.target;
+    if (!input.matches || !input.matches('input[data-testid="number-input"]') || input.value === "") return;
+    const [value, low, high] = [input.value, input.min, input.max].map(Number);
+    if (!(value < low || value > high)) return;
+    const name = (input.getAttribute("aria-label") || "").replace(/^number input for /, "");
+    show(input, `${name}: ${value} is outside ${low}–${high}, so it is set to ${value < low ? low : high}.`);
+    pinned = input;
+    tip.classList.add("sl-pinned");
+    noteUntil = performance.now() + 500;  // the click that took the focus away leaves it on show
+  }, true);
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") hide(); });
   document.addEventListener("scroll", () => { if (!pinned) hide(); }, true);
 })();

@@ -496,6 +496,18 @@ def test_the_default_run_says_what_it_shows(page):
     assert speedup >= 1 or "Slower than plain decoding: the draft was right" in cards, cards
 
 
+def test_a_k_typed_past_its_range_is_not_silently_moved(page):
+    box = page.get_by_label("number input for k: tokens drafted per round (a tree's depth)")
+    for typed, kept in (("0", "1"), ("40", "16")):
+        box.fill(typed)
+        page.locator("h1").first.click()  # the box loses the focus: Gradio moves the value in range
+        assert box.input_value() == kept
+        tip = page.locator("#sl-tip")
+        assert tip.is_visible(), typed
+        assert f"{typed} is outside 1–16, so it is set to {kept}" in tip.inner_text()
+    page.screenshot(path=ARTIFACTS / "k-out-of-range.png")
+
+
 def test_a_token_opens_its_popover_on_a_click(page):
     page.wait_for_selector("#timeline [data-round]", timeout=60_000)
     chip = page.locator("#timeline .sl-rounds .sl-tok.sl-accepted").first
