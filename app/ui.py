@@ -69,6 +69,20 @@ HUB_PAIR_SETTINGS = {
 }
 
 
+OWN_PAIR = "Your own choice (the target and draft set below)"
+
+
+def pair_of(
+    offered: dict[str, tuple], target: str, source: str, n_layers: float, draft_model: str | None
+) -> str:
+    """The pair the sidebar's settings make now: an offered one, or OWN_PAIR once any of them differs."""
+    for label, (t, s, n, d) in offered.items():
+        same_layers = s != "first N layers of the target" or int(n_layers) == n
+        if (t, s, d or "") == (target, source, draft_model or "") and same_layers:
+            return label
+    return OWN_PAIR
+
+
 def pairs() -> dict[str, tuple]:
     """The model pairs this server can run: the hub's only where the hub can be reached."""
     return OFFLINE_PAIRS | (HUB_PAIR_SETTINGS if hub_available() else {})
@@ -115,10 +129,12 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
     """The models and decoding settings, keyed by the names in `handlers.SETTINGS`."""
     with gr.Sidebar(label="Models and decoding"):
         offered = pairs()
-        pair = gr.Dropdown(list(offered), value=list(offered)[0], label="Model pair", elem_id="pair")
+        pair = gr.Dropdown([*offered, OWN_PAIR], value=list(offered)[0], label="Model pair", elem_id="pair")
         s = _setting_controls()
     draft = [s["target"], s["draft_source"], s["n_layers"], s["draft_model"]]
-    pair.change(lambda p: offered[p], pair, draft, api_visibility="private")
+    pair.change(lambda p: offered.get(p, [gr.skip()] * 4), pair, draft, api_visibility="private")
+    # A setting changed by hand: the pair box says the pair is no longer the one it named.
+    gr.on([c.change for c in draft], lambda *v: pair_of(offered, *v), draft, pair, api_visibility="private")
     gr.on(
         [s["target"].change, demo.load],
         h.layer_range,

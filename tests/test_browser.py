@@ -508,6 +508,21 @@ def test_a_k_typed_past_its_range_is_not_silently_moved(page):
     page.screenshot(path=ARTIFACTS / "k-out-of-range.png")
 
 
+def test_the_pair_box_names_the_pair_only_while_the_settings_are_it(page):
+    pair = page.locator("#pair input")
+    assert pair.input_value() == "SmolLM2-135M · n-gram draft (offline)"
+    page.get_by_role("radio", name="suffix decoding (this session's runs)").check()
+    page.wait_for_function(
+        "document.querySelector('#pair input').value.startsWith('Your own choice')", timeout=30_000
+    )
+    pair.click()
+    page.get_by_role("option", name="Gemma-3-270M · n-gram draft (offline)").click()
+    page.wait_for_function("document.querySelector('#target input').value === 'gemma3-270m'", timeout=30_000)
+    page.wait_for_timeout(1000)  # the settings it set name it again: it stays
+    assert pair.input_value() == "Gemma-3-270M · n-gram draft (offline)"
+    assert page.get_by_role("radio", name="n-gram (prompt lookup)").is_checked()
+
+
 def test_a_token_opens_its_popover_on_a_click(page):
     page.wait_for_selector("#timeline [data-round]", timeout=60_000)
     chip = page.locator("#timeline .sl-rounds .sl-tok.sl-accepted").first
