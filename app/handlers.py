@@ -724,9 +724,20 @@ def run_tree_theory(alpha: float, alpha2: float, branch: float, depth: float, c:
         f"{', '.join(f'{a:.2f}' for a in ranks)} (best first) is fastest at **N = {best}** nodes: "
         f"{tokens:.2f} tokens per round against {chain:.2f} for the chain of {depth} "
         f"(×{tokens / chain:.2f}), ×{speedups[best - 1]:.2f} over plain decoding when drafting a level costs "
-        f"c and checking N+1 tokens 1 + b·N target steps."
+        f"c and checking N+1 tokens 1 + b·N target steps.{_ranks_scaled(alpha, alpha2, ranks)}"
     )
     return tree_theory_figure(ranks, depth, c, verify_growth), text
+
+
+def _ranks_scaled(alpha: float, alpha2: float, ranks: list[float]) -> str:
+    """Why the second choice's figure is not the slider's, where the cost model scaled it down."""
+    if len(ranks) < 2 or abs(ranks[1] - alpha2) < 1e-9:
+        return ""
+    return (
+        f" The slider's α₂ = {alpha2:.2f} and the ranks after it would add up to more than the "
+        f"{1 - alpha:.2f} (1 − α) the first choice leaves; the target's token is only one of them, so "
+        f"they share that {1 - alpha:.2f} in the same proportions."
+    )
 
 
 def run_simulation(alpha: float, gamma: float, rounds: float, seed: float, delay_s: float = 0.5):
@@ -756,7 +767,7 @@ def read_replay(upload: str | None, example: str | None) -> Trace:
         if os.path.getsize(path) > MAX_TRACE_BYTES:
             raise SpecLensError(f"that file is over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
         trace = Trace.load(path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise SpecLensError(f"cannot read that file: {exc}") from None
     validate(trace)
     if not trace.rounds:

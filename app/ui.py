@@ -30,6 +30,10 @@ ON_LOAD_JS = """() => {
   }
 }"""
 
+NEXT_ROUND_JS = (
+    "(r) => Math.min(r + 1, Number(document.querySelector('#replay-round input[type=range]').max))"
+)
+
 # A pair sets everything it names: target, draft source, N, and the draft model.
 OFFLINE_PAIRS = {
     "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", 10, None),
@@ -63,6 +67,20 @@ HUB_PAIR_SETTINGS = {
     )
     for t, d in HUB_PAIRS
 }
+
+
+OWN_PAIR = "Your own choice (the target and draft set below)"
+
+
+def pair_of(
+    offered: dict[str, tuple], target: str, source: str, n_layers: float, draft_model: str | None
+) -> str:
+    """The pair the sidebar's settings make now: an offered one, or OWN_PAIR once any of them differs."""
+    for label, (t, s, n, d) in offered.items():
+        same_layers = s != "first N layers of the target" or int(n_layers) == n
+        if (t, s, d or "") == (target, source, draft_model or "") and same_layers:
+            return label
+    return OWN_PAIR
 
 
 def pairs() -> dict[str, tuple]:
@@ -111,10 +129,12 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
     """The models and decoding settings, keyed by the names in `handlers.SETTINGS`."""
     with gr.Sidebar(label="Models and decoding"):
         offered = pairs()
-        pair = gr.Dropdown(list(offered), value=list(offered)[0], label="Model pair", elem_id="pair")
+        pair = gr.Dropdown([*offered, OWN_PAIR], value=list(offered)[0], label="Model pair", elem_id="pair")
         s = _setting_controls()
     draft = [s["target"], s["draft_source"], s["n_layers"], s["draft_model"]]
-    pair.change(lambda p: offered[p], pair, draft, api_visibility="private")
+    pair.change(lambda p: offered.get(p, [gr.skip()] * 4), pair, draft, api_visibility="private")
+    # A setting changed by hand: the pair box says the pair is no longer the one it named.
+    gr.on([c.change for c in draft], lambda *v: pair_of(offered, *v), draft, pair, api_visibility="private")
     gr.on(
         [s["target"].change, demo.load],
         h.layer_range,
@@ -398,8 +418,10 @@ def replay_tab(demo: gr.Blocks) -> None:
     checked.success(h.load_replay, [upload, example], outputs, api_name="replay")
     demo.load(h.load_replay, [upload, example], outputs, **PRIVATE)
     step.change(h.replay_step, [state, step], [timeline, sentence, tree], api_name="replay_step")
-    prev_btn.click(lambda r: max(1, r - 1), step, step, api_visibility="private")
-    next_btn.click(lambda r: r + 1, step, step, api_visibility="private")
+    # In the browser: a click counts from the round the page shows now, however fast they come
+    # (a round trip per click would start from a value a click before it had already moved).
+    prev_btn.click(None, step, step, js="(r) => Math.max(1, r - 1)", **PRIVATE)
+    next_btn.click(None, step, step, js=NEXT_ROUND_JS, **PRIVATE)
 
 
 def production_tab(trace_state: gr.State) -> None:

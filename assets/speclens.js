@@ -13,9 +13,10 @@
     }
     return tip;
   };
-  const show = (el) => {
+  let noteUntil = 0;
+  const show = (el, text = el.dataset.tip) => {
     const t = box();
-    t.textContent = el.dataset.tip;
+    t.textContent = text;
     t.style.display = "block";
     const r = el.getBoundingClientRect(), w = t.offsetWidth, h = t.offsetHeight;
     const left = Math.max(8, Math.min(r.left, window.innerWidth - w - 8));
@@ -31,10 +32,54 @@
   document.addEventListener("click", (e) => {
     const el = target(e);
     if (el && el !== pinned) { show(el); pinned = el; tip.classList.add("sl-pinned"); }
-    else { hide(); if (tip) tip.classList.remove("sl-pinned"); }
+    else if (performance.now() > noteUntil) { hide(); if (tip) tip.classList.remove("sl-pinned"); }
   });
+  // A slider's number box moves a typed value past its ends to the nearest end when it loses the
+  // focus (Gradio does, silently): say so beside it, pinned, so k = 0 does not quietly become 1.
+  // (blur in the capture phase: before the box's own blur handler moves the value)
+  document.addEventListener("blur", (e) => {
+    const input = e.target;
+    if (!input.matches || !input.matches('input[data-testid="number-input"]') || input.value === "") return;
+    const [value, low, high] = [input.value, input.min, input.max].map(Number);
+    if (!(value < low || value > high)) return;
+    const name = (input.getAttribute("aria-label") || "").replace(/^number input for /, "");
+    show(input, `${name}: ${value} is outside ${low}–${high}, so it is set to ${value < low ? low : high}.`);
+    pinned = input;
+    tip.classList.add("sl-pinned");
+    noteUntil = performance.now() + 500;  // the click that took the focus away leaves it on show
+  }, true);
   document.addEventListener("keydown", (e) => { if (e.key === "Escape") hide(); });
   document.addEventListener("scroll", () => { if (!pinned) hide(); }, true);
+})();
+
+// A draft copied from the prompt (visualize/timeline.py's data-copy, data-key: 1-based positions):
+// a click marks in the prompt the tokens it copied and those it matched before them, unfolds the
+// chat template where they lie, and scrolls the prompt to them.
+(() => {
+  const within = (spec, pos) => { const [a, b] = (spec || "").split("-").map(Number); return pos >= a && pos <= b; };
+  document.addEventListener("click", (e) => {
+    const chip = e.target.closest && e.target.closest(".sl-tok[data-copy]");
+    const timeline = chip && chip.closest(".sl-timeline");
+    const prompt = timeline && timeline.querySelector("div.sl-prompt");
+    if (!prompt) return;
+    prompt.querySelectorAll("[data-pos]").forEach((t) => {
+      const pos = Number(t.dataset.pos);
+      const mark = within(chip.dataset.copy, pos) ? "sl-match-copy" : within(chip.dataset.key, pos) ? "sl-match-key" : "";
+      t.classList.remove("sl-match-key", "sl-match-copy");
+      if (!mark) return;
+      t.classList.add(mark);
+      const fold = t.closest("details");
+      if (fold) fold.open = true;
+    });
+    const first = prompt.querySelector(".sl-match-copy");
+    if (!first) return;
+    // Only the prompt's box and the rounds' box scroll: the page, and the popover, stay put.
+    const box = first.closest(".sl-tok.sl-prompt");
+    if (box) box.scrollTop += first.getBoundingClientRect().top - box.getBoundingClientRect().top - 4;
+    const rounds = prompt.closest(".sl-rounds");
+    const above = rounds && prompt.getBoundingClientRect().top - rounds.getBoundingClientRect().top;
+    if (rounds && above < 0) rounds.scrollTop += above;
+  });
 })();
 
 // The race (visualize/race.py): both lanes replayed at their measured token times, slowed down
@@ -87,12 +132,21 @@
 
 // Step-through (visualize/timeline.py's STEPPER): each round built up stage by stage. A round's
 // stages: 0, its draft's tokens shown, none judged yet; j, the first j judged; then the target's
-// own token. A round that drafted nothing has the last stage alone. ←/→ step, space plays.
+// own token. A round that drafted nothing has the last stage alone. ←/→ step whenever no control
+// that takes typing or arrows has focus; space on the play button plays.
+// Explore's timeline and its "Explain round" slider share one round: a step into another round
+// moves the slider, the server explains that round and sends the timeline again, and the
+// step-through carries on in it from where it was; moving the slider by hand steps to that round.
 (() => {
-  let timer = null;
+  let timer = null, lastHost = null;
+  const SLIDER = { timeline: "round" };  // a timeline's elem_id -> its round slider's elem_id
+  const kept = {};  // elem_id -> the stage a step-through is at, while one is on
   const VERDICT = { "sl-accepted": "kept", "sl-rejected": "refused: the target would have written another token", "sl-discarded": "never judged: it came after a refusal" };
   const OWN = { "sl-correction": "the target's own token, in place of the refused one", "sl-bonus": "the target's bonus token: every draft was kept", "sl-target": "the target alone: nothing was drafted" };
   const kindOf = (chip, names) => Object.keys(names).find((k) => chip.classList.contains(k));
+  const hostOf = (tl) => { const h = tl.closest(".block[id]"); return h ? h.id : null; };  // the Gradio component
+  const timelineIn = (host) => document.querySelector(`#${host} .sl-timeline`);
+  const slider = (host) => SLIDER[host] && document.querySelector(`#${SLIDER[host]} input[type=range]`);
   const stages = (tl) => {
     const out = [];
     tl.querySelectorAll(".sl-round").forEach((r, i) => {
@@ -109,6 +163,13 @@
     else if (s <= drafts.length) what = `token ${s} of ${drafts.length}: ${VERDICT[kindOf(drafts[s - 1], VERDICT)] || "judged"}`;
     else what = OWN[kindOf(round.querySelector('[data-step="emit"]'), OWN)] || "the target's own token";
     return `Round ${index + 1} of ${total}: ${what}`;
+  };
+  // The slider moves as a hand would move it, so Gradio sends the change to the server.
+  const follow = (host, round) => {
+    const range = slider(host);
+    if (!range || Number(range.value) === round + 1 || round + 1 > Number(range.max)) return;
+    range.value = String(round + 1);
+    range.dispatchEvent(new Event("input", { bubbles: true }));
   };
   const render = (tl, pos) => {
     const list = stages(tl);
@@ -127,16 +188,25 @@
     });
     rounds[at].scrollIntoView({ block: "nearest" });
     tl.querySelector(".sl-step-where").textContent = describe(rounds[at], s, rounds.length, at);
+    const host = hostOf(tl);
+    if (host) { lastHost = host; kept[host] = { pos, at }; follow(host, at); }
     if (pos === list.length - 1) pause(tl);
+  };
+  const playLabel = (tl, playing) => {
+    const play = tl.querySelector(".sl-step-play");
+    if (!play) return;
+    play.textContent = playing ? "⏸ Pause" : "▶ Play";
+    play.setAttribute("aria-label", playing ? "pause" : "play");
   };
   const pause = (tl) => {
     if (timer) clearInterval(timer);
     timer = null;
-    const play = tl.querySelector(".sl-step-play");
-    if (play) { play.textContent = "▶ Play"; play.setAttribute("aria-label", "play"); }
+    playLabel(tl, false);
   };
   const showAll = (tl) => {
     pause(tl);
+    const host = hostOf(tl);
+    if (host) delete kept[host];
     tl.classList.remove("sl-stepping");
     delete tl.dataset.pos;
     tl.querySelectorAll(".sl-future, .sl-pending, .sl-unseen, .sl-step-current").forEach((el) => el.classList.remove("sl-future", "sl-pending", "sl-unseen", "sl-step-current"));
@@ -144,15 +214,38 @@
     tl.querySelector(".sl-step-play").textContent = "▶ Step through";
   };
   const step = (tl, by) => render(tl, tl.dataset.pos === undefined ? 0 : Number(tl.dataset.pos) + by);
+  // The timeline a tick or a key acts on: the same one, or the one the server sent in its place.
+  const live = (tl) => (tl.isConnected ? tl : (tl.dataset.host && timelineIn(tl.dataset.host)) || null);
   const play = (tl) => {
     if (timer) return pause(tl);
     const speed = Number(tl.querySelector(".sl-step-speed").value || 1);
     if (tl.dataset.pos === undefined || Number(tl.dataset.pos) >= stages(tl).length - 1) render(tl, 0);
-    const button = tl.querySelector(".sl-step-play");
-    button.textContent = "⏸ Pause";
-    button.setAttribute("aria-label", "pause");
-    timer = setInterval(() => (tl.isConnected ? step(tl, 1) : pause(tl)), 900 / speed);
+    playLabel(tl, true);
+    tl.dataset.host = hostOf(tl) || "";
+    timer = setInterval(() => {
+      const now = live(tl);
+      if (!now || now.dataset.pos === undefined) return pause(tl);
+      now.dataset.host = tl.dataset.host;
+      tl = now;
+      step(tl, 1);
+    }, 900 / speed);
   };
+  // A timeline the server sent again: the step-through carries on where it was, or, when the
+  // slider was moved by hand, at that round; a new run's timeline (nothing selected) starts afresh.
+  const resume = () => {
+    for (const host of Object.keys(kept)) {
+      const tl = timelineIn(host);
+      if (!tl || tl.dataset.pos !== undefined || !tl.querySelector(".sl-stepper")) continue;
+      const selected = tl.querySelector(".sl-round.sl-selected");
+      if (!selected) { delete kept[host]; continue; }
+      const range = slider(host);
+      const round = range ? Number(range.value) - 1 : Number(selected.dataset.round);
+      const { pos, at } = kept[host];
+      render(tl, at === round ? pos : stages(tl).findIndex(([i]) => i === round));
+      if (timer) playLabel(tl, true);
+    }
+  };
+  new MutationObserver(() => { if (Object.keys(kept).length) resume(); }).observe(document.documentElement, { childList: true, subtree: true });
   document.addEventListener("click", (e) => {
     const tl = e.target.closest && e.target.closest(".sl-timeline");
     if (!tl || !e.target.closest(".sl-stepper button")) return;
@@ -164,9 +257,23 @@
     const tl = e.target.closest && e.target.closest(".sl-timeline");
     if (tl && e.target.matches(".sl-step-speed") && timer) { pause(tl); play(tl); }
   });
+  // Controls that take typing or use the arrows themselves keep them.
+  const OWN_ARROWS = "input:not([type=checkbox]):not([type=button]):not([type=submit]), textarea, select, [contenteditable]:not([contenteditable=false]), [role=slider], [role=listbox], [role=combobox]";
+  const shown = (tl) => tl.getClientRects().length > 0 && tl.querySelector(".sl-stepper");
+  const keyed = () => {
+    const active = document.activeElement;
+    const inside = active && active.closest && active.closest(".sl-timeline");
+    if (inside && shown(inside)) return inside;
+    const last = lastHost && timelineIn(lastHost);
+    if (last && shown(last)) return last;
+    return [...document.querySelectorAll(".sl-timeline")].find(shown) || null;
+  };
   document.addEventListener("keydown", (e) => {
-    const tl = document.activeElement && document.activeElement.closest && document.activeElement.closest(".sl-timeline");
-    if (!tl || !tl.querySelector(".sl-stepper") || !["ArrowLeft", "ArrowRight"].includes(e.key)) return;
+    if (!["ArrowLeft", "ArrowRight"].includes(e.key) || e.altKey || e.ctrlKey || e.metaKey || e.shiftKey) return;
+    const active = document.activeElement;
+    if (active && active.matches && active.matches(OWN_ARROWS)) return;
+    const tl = keyed();
+    if (!tl) return;
     e.preventDefault();
     pause(tl);
     step(tl, e.key === "ArrowRight" ? 1 : -1);

@@ -353,6 +353,16 @@ def test_a_corrupt_upload_is_refused_naming_its_first_problem(client, tmp_path, 
         client.predict(handle_file(str(bad)), None, api_name="/replay")
 
 
+def test_a_binary_upload_is_refused_in_one_speclens_sentence(client, tmp_path):
+    picture = tmp_path / "picture.json"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(Exception) as refused:
+        client.predict(handle_file(str(picture)), None, api_name="/replay")
+    message = str(refused.value)
+    assert "not a SpecLens trace: the file is not text" in message
+    assert "codec" not in message and "byte" not in message
+
+
 def test_production_tab_reads_a_deployment_beside_this_run(client):
     fake = FakeVLLM()
     fake.observe(40, 2)

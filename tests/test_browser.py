@@ -224,6 +224,66 @@ def test_explore_steps_through_each_round_stage_by_stage(page):
     assert timeline.locator(".sl-round:not(.sl-future)").count() == rounds and state()[2] == 0
 
 
+def stepper_at(page) -> str:
+    return page.locator("#timeline .sl-step-where").inner_text()
+
+
+def test_step_through_and_explain_round_share_one_round_and_the_keys_need_no_click(page):
+    """→ works with nothing focused; stepping into round 4 explains round 4 (the slider, the
+    sentence, the selected row) and the step-through goes on in the timeline the server sent
+    back; the slider moved by hand steps there; a text box keeps its arrows."""
+    page.wait_for_selector("#timeline .sl-stepper", timeout=60_000)
+    page.keyboard.press("ArrowRight")  # nothing clicked: the page itself has the focus
+    assert stepper_at(page).startswith("Round 1 of")
+    for _ in range(40):
+        if stepper_at(page).startswith("Round 4 of"):
+            break
+        page.keyboard.press("ArrowRight")
+    assert stepper_at(page).startswith("Round 4 of")
+    page.wait_for_function(
+        "document.querySelector('#sentence').innerText.startsWith('Round 4:')"
+        " && document.querySelector('#timeline .sl-selected[data-round=\"3\"]')",
+        timeout=30_000,
+    )
+    assert page.locator("#round input[type=number]").input_value() == "4"
+    where = stepper_at(page)
+    assert where.startswith("Round 4 of")  # the timeline came back and the step-through kept its place
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowRight")
+    assert stepper_at(page) == where
+    set_number(page, "round", 2)
+    page.wait_for_function(
+        "document.querySelector('#sentence').innerText.startsWith('Round 2:')"
+        " && document.querySelector('#timeline .sl-step-where').innerText.startsWith('Round 2 of')",
+        timeout=30_000,
+    )
+    page.click("#prompt textarea")
+    before = stepper_at(page)
+    page.keyboard.press("ArrowRight")
+    assert stepper_at(page) == before  # the text box moved its caret, not the step-through
+    page.screenshot(path=ARTIFACTS / "explore-step-explain.png", full_page=True)
+
+
+def test_a_draft_copied_from_the_chat_template_opens_it_at_the_positions_it_names(page):
+    """The example's first round copied "You are a helpful" from the folded template: a click on
+    its token unfolds the template, numbered, with those positions marked and in view."""
+    chip = page.locator("#timeline [data-round='0'] .sl-tok[data-copy]").first
+    chip.wait_for(timeout=60_000)
+    tip = chip.get_attribute("data-tip")
+    first, last = map(int, re.search(r"copied from prompt tokens (\d+)–(\d+)", tip).groups())
+    fold = page.locator("#timeline .sl-template").first
+    assert fold.get_attribute("open") is None and "chat template" in tip
+    chip.click()
+    assert fold.get_attribute("open") is not None
+    marked = fold.locator(".sl-match-copy")
+    assert marked.evaluate_all("els => els.map(e => Number(e.dataset.pos))") == list(range(first, last + 1))
+    assert marked.first.is_visible()
+    number = marked.first.evaluate("e => getComputedStyle(e, '::before').content")
+    assert number == f'"{first}"'  # each unfolded token shows its position
+    assert "".join(marked.all_inner_texts()).replace(str(first), "", 1).strip().startswith("You")
+    page.locator("#timeline").screenshot(path=ARTIFACTS / "explore-template-copy.png")
+
+
 def test_replay_example_and_step_through(page):
     page.get_by_role("tab", name="Replay").click()
     example = sorted((ROOT / "assets" / "traces").glob("*.json"))[0]
@@ -249,6 +309,31 @@ def test_replay_example_and_step_through(page):
         "document.querySelector('#replay-sentence').innerText.startsWith('Round 2:')", timeout=30_000
     )
     page.screenshot(path=ARTIFACTS / "replay.png", full_page=True)
+
+
+def test_replay_counts_every_one_of_forty_quick_clicks(page):
+    page.get_by_role("tab", name="Replay").click()
+    page.click("#example input")
+    page.get_by_role("option", name="classroom-ngram-sampled").click()  # 45 rounds
+    page.click("#load")
+    page.wait_for_function(
+        "document.querySelector('#replay-round input[type=range]').max === '45'"
+        " && document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')",
+        timeout=60_000,
+    )
+    for _ in range(40):
+        page.click("#next", delay=0)
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 41:')", timeout=60_000
+    )
+    assert page.locator("#replay-round input[type=number]").input_value() == "41"
+    for _ in range(10):  # past the last round it stays there
+        page.click("#next", delay=0)
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 45:')", timeout=60_000
+    )
+    page.wait_for_timeout(1000)
+    assert page.locator("#replay-round input[type=number]").input_value() == "45"
 
 
 def test_theory_simulation(page):
@@ -430,7 +515,7 @@ def test_the_first_load_shows_an_example_run_and_replay_its_example(page):
     assert page.locator("#timeline [data-round]").count() > 10
     assert page.locator("#run-status").inner_text().startswith("Example run")
     assert page.locator("#cards .sl-card").count() >= 4
-    assert page.locator("#timeline .sl-template summary").first.inner_text() == "chat template"
+    assert page.locator("#timeline .sl-template summary").first.inner_text().startswith("chat template")
     page.get_by_role("tab", name="Replay").click()
     page.wait_for_function(
         "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
@@ -475,6 +560,33 @@ def test_the_default_run_says_what_it_shows(page):
     speedup = float(re.search(r"×(\d+\.\d+)\s*speedup vs plain", cards).group(1))
     assert "identical" in cards
     assert speedup >= 1 or "Slower than plain decoding:" in cards, cards
+
+
+def test_a_k_typed_past_its_range_is_not_silently_moved(page):
+    box = page.get_by_label("number input for k: tokens drafted per round (a tree's depth)")
+    for typed, kept in (("0", "1"), ("40", "16")):
+        box.fill(typed)
+        page.locator("h1").first.click()  # the box loses the focus: Gradio moves the value in range
+        assert box.input_value() == kept
+        tip = page.locator("#sl-tip")
+        assert tip.is_visible(), typed
+        assert f"{typed} is outside 1–16, so it is set to {kept}" in tip.inner_text()
+    page.screenshot(path=ARTIFACTS / "k-out-of-range.png")
+
+
+def test_the_pair_box_names_the_pair_only_while_the_settings_are_it(page):
+    pair = page.locator("#pair input")
+    assert pair.input_value() == "SmolLM2-135M · n-gram draft (offline)"
+    page.get_by_role("radio", name="suffix decoding (this session's runs)").check()
+    page.wait_for_function(
+        "document.querySelector('#pair input').value.startsWith('Your own choice')", timeout=30_000
+    )
+    pair.click()
+    page.get_by_role("option", name="Gemma-3-270M · n-gram draft (offline)").click()
+    page.wait_for_function("document.querySelector('#target input').value === 'gemma3-270m'", timeout=30_000)
+    page.wait_for_timeout(1000)  # the settings it set name it again: it stays
+    assert pair.input_value() == "Gemma-3-270M · n-gram draft (offline)"
+    assert page.get_by_role("radio", name="n-gram (prompt lookup)").is_checked()
 
 
 def test_a_token_opens_its_popover_on_a_click(page):

@@ -193,6 +193,15 @@ def test_loading_garbage_is_a_clear_error(text):
         Trace.from_json(text)
 
 
+@pytest.mark.parametrize("data", [b"\x89PNG\r\n\x1a\n\x00\x00", b'{"version": 4, "meta": "caf\xe9"}'])
+def test_a_binary_file_is_refused_in_speclenss_words(tmp_path, data):
+    path = tmp_path / "upload.json"
+    path.write_bytes(data)
+    with pytest.raises(TraceError) as refused:
+        Trace.load(path)
+    assert str(refused.value) == "not a SpecLens trace: the file is not text (a trace is JSON in UTF-8)"
+
+
 def test_untraced_run_has_the_same_output_and_totals(tiny_target):
     prompt = torch.tensor([[1, 5, 9, 3, 7, 5, 9]])
     for draft in (NGramDraft(), ModelDraft(tiny_target, 64, "self")):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
 
-from app.handlers import cached_verify, run_concurrency, run_theory
+from app.handlers import cached_verify, run_concurrency, run_theory, run_tree_theory
 from decoding import costmodel
 from decoding.api import RunConfig, plain_baseline
 from decoding.core.speculative import speculative_generate
@@ -111,7 +111,8 @@ def test_explanations_say_what_happened():
     first = explain_round(t.rounds[0], 0)
     assert "kept “<script>alert(1)</script>”" in first and "rejected “ b”" in first
     assert (
-        "wrote “ d” instead" in first and "1 draft token after it was discarded without being judged" in first
+        "wrote “ d” instead" in first
+        and "the draft token after it was discarded without being judged, since it followed" in first
     )
     assert "added “ g” for free" in explain_round(t.rounds[1], 1)
     assert "ended the text" in explain_round(t.rounds[2], 2)
@@ -489,3 +490,84 @@ def test_a_workload_of_one_category_draws_its_line_without_a_copy_named_all():
     for figure in (workload_curve, workload_tokens_per_round):
         assert [t.name for t in figure(table(["qa", "all"])).data] == ["qa"]
         assert [t.name for t in figure(table(["qa", "rag", "all"])).data] == ["qa", "rag", "all"]
+
+
+def test_the_chat_template_unfolds_to_numbered_tokens_and_a_draft_copied_from_it_points_there():
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    fold = re.compile(r'<details class="sl-template"( open)?><summary>([^<]*)</summary>(.*?)</details>', re.S)
+    before, after = fold.findall(timeline_html(trace))
+    n = len(re.findall(r"data-pos=", before[2]))
+    assert before[:2] == ("", f"chat template · tokens 1–{n}")  # folded, and says which positions
+    assert re.findall(r'data-pos="(\d+)"', before[2]) == [str(i) for i in range(1, n + 1)]
+    assert after[1].endswith(f"–{trace.meta.prompt_tokens}")  # the template after the typed text
+    i, rnd = next((i, r) for i, r in enumerate(trace.rounds) if r.match and r.match.start < n)
+    copy = f"{rnd.match.start + 1}-{rnd.match.start + rnd.k}"
+    chip = re.search(
+        rf'data-round="{i}".*?<span class="sl-tok sl-\w+" data-tip="([^"]*)"[^>]*data-copy="{copy}"',
+        timeline_html(trace),
+        re.S,
+    )
+    assert chip and "copied from prompt tokens" in chip.group(1) and "chat template" in chip.group(1)
+    opened, _ = fold.findall(timeline_html(trace, selected=i))  # the round chosen: its source shown
+    assert opened[0] == " open"
+    marked = re.findall(r'<span class="sl-match-copy" data-pos="(\d+)"', opened[2])
+    assert marked == [str(p) for p in range(rnd.match.start + 1, rnd.match.start + rnd.k + 1)]
+
+
+def test_a_round_of_one_token_is_told_in_the_singular():
+    kept = Round(
+        1,
+        [DraftToken(1, " a", 0.9)],
+        [Verdict(0.9, 1.0, None, True)],
+        1,
+        Emitted(2, " b", "bonus", 0.8),
+        1,
+        1,
+        2,
+    )
+    refused = replace(kept, verdicts=[Verdict(0.1, 0.0, None, False)], n_accepted=0)
+    refused.emitted = Emitted(3, " c", "correction", 0.7)
+    two = Round(
+        3,
+        [DraftToken(1, " a", 0.9), DraftToken(2, " b", 0.8), DraftToken(3, " c", 0.7)],
+        [Verdict(0.1, 0.0, None, False)] + [Verdict(None, None, None, False, "discarded")] * 2,
+        0,
+        Emitted(4, " d", "correction", 0.7),
+        1,
+        1,
+        2,
+    )
+    assert "the target kept it and added “ b” for free" in explain_round(kept, 0)
+    assert "the target rejected “ a”, because" in explain_round(refused, 0)
+    sentence = explain_round(two, 0)
+    assert "the 2 draft tokens after it were discarded without being judged, since they followed" in sentence
+    assert "the target kept none of them, rejected" in sentence
+    for text in map(explain_round, (kept, refused), (0, 0)):
+        assert "all of them" not in text and "none of them" not in text, text
+
+
+def test_the_tree_text_says_why_its_second_choice_is_not_the_sliders():
+    _, text = run_tree_theory(0.9, 0.15, 3, 4, 0.1, 0.0)
+    assert "0.90, 0.09, 0.01" in text  # what the cost model used: the first choice leaves 0.10
+    assert "α₂ = 0.15" in text and "0.10 (1 − α)" in text
+    _, text = run_tree_theory(0.7, 0.15, 3, 4, 0.1, 0.0)
+    assert "0.70, 0.15, 0.03" in text and "1 − α" not in text  # room enough: the slider's own value
+
+
+def test_the_race_writes_the_text_without_its_end_of_text_token():
+    trace = hand_made()  # its last round's token, "</s>", ended the text
+    trace.output = Output("<script>alert(1)</script> d\n f g", trace.output.token_ids)
+    texts = ["<script>alert(1)</script>", " d", "\n", " f", " g", "</s>"]
+    trace.attach_baseline(Baseline(trace.output.text, trace.output.token_ids, 1.0, 6.0, [0.1] * 6, texts))
+    data = json.loads(html_lib.unescape(re.search(r'data-race="([^"]*)"', race_html(trace)).group(1)))
+    for lane in data.values():
+        assert "".join(x for _, x in lane) == trace.output.text and len(lane) == 6  # its time still counts
+    example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # cut at 64 tokens
+    assert spec_tokens(example)[-1] == "tle" and plain_tokens(example)[-1] == "tle"
+
+
+def test_a_stopped_run_says_why_it_has_no_race():
+    trace = hand_made()
+    trace.meta = replace(trace.meta, stopped="stopped by the user")  # Stop, with Compare ticked
+    html = race_html(trace)
+    assert "Stopped by the user: no plain run to race against." in html and "Compare" not in html

@@ -75,11 +75,12 @@ def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]
     n = rnd.n_accepted
     if n == rnd.k:
         if e is None:
-            return head + f"{proposed}; the target kept all of them, and the last one ended the text."
-        return (
-            head + f"{proposed}; the target kept all of them and added {q(e.text)} for free (a bonus token)."
-        )
-    kept = f"kept {', '.join(map(q, drafted[:n]))}" if n else "kept none of them"
+            ended = "kept it, and it" if n == 1 else "kept all of them, and the last one"
+            return head + f"{proposed}; the target {ended} ended the text."
+        kept = "kept it" if n == 1 else "kept all of them"
+        return head + f"{proposed}; the target {kept} and added {q(e.text)} for free (a bonus token)."
+    # One token proposed and refused: "kept none of them" would speak of several.
+    kept = f"kept {', '.join(map(q, drafted[:n]))}, " if n else "kept none of them, " if rnd.k > 1 else ""
     bad, v = rnd.draft[n], rnd.verdicts[n]
     if greedy:
         why = (
@@ -98,12 +99,14 @@ def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]
     )
     after = rnd.k - n - 1
     tail = (
-        f"; the {after} draft token{'s' * (after != 1)} after it {'were' if after != 1 else 'was'} "
-        "discarded without being judged, since they followed a refused token"
+        "; the draft token after it was discarded without being judged, since it followed a refused token"
+        if after == 1
+        else f"; the {after} draft tokens after it were discarded without being judged, since they "
+        "followed a refused token"
         if after
         else ""
     )
-    return head + f"{proposed}; the target {kept}, {why}, {wrote}{tail}."
+    return head + f"{proposed}; the target {kept}{why}, {wrote}{tail}."
 
 
 def _explain_tree(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]) -> str:

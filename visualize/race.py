@@ -18,6 +18,15 @@ from .cards import seconds
 SLOW_MOTION = (1, 5, 20)
 
 
+def _as_written(texts: list[str], written: str) -> list[str]:
+    """The tokens' texts as the run's text shows them: the token that ended the text (a special
+    token such as <|im_end|>, which the decoded text leaves out) shows nothing; its time counts."""
+    last = texts[-1].strip() if texts else ""
+    if last and not written.endswith(last):
+        return [*texts[:-1], ""]
+    return texts
+
+
 def spec_tokens(trace: Trace) -> list[str]:
     """The run's output tokens' texts, in order (accepted drafts, then the target's own token)."""
     texts: list[str] = []
@@ -25,7 +34,7 @@ def spec_tokens(trace: Trace) -> list[str]:
         texts += [t.text for t in r.draft[: r.n_accepted]]
         if r.emitted is not None:
             texts.append(r.emitted.text)
-    return texts
+    return _as_written(texts, trace.output.text)
 
 
 def plain_tokens(trace: Trace) -> list[str]:
@@ -33,7 +42,7 @@ def plain_tokens(trace: Trace) -> list[str]:
     tokens, else the plain text cut into as many equal parts (a trace older than the record)."""
     base = trace.baseline
     if base.token_texts:
-        return base.token_texts
+        return _as_written(base.token_texts, base.text)
     if base.token_ids == trace.output.token_ids:
         return spec_tokens(trace)
     n = max(1, len(base.token_ids))
@@ -44,6 +53,9 @@ def plain_tokens(trace: Trace) -> list[str]:
 def race_html(trace: Trace | None) -> str:
     """Two lanes, speculative and plain, and the controls that replay them; a line saying what is
     missing when the run has no comparison."""
+    if trace is not None and trace.baseline is None and trace.meta.stopped:  # Stop came first
+        why = f"{trace.meta.stopped.capitalize()}: no plain run to race against."
+        return f'<div class="sl-race sl-empty">{escape(why)}</div>'
     if trace is None or trace.baseline is None or not trace.rounds:
         return '<div class="sl-race sl-empty">Run with "Compare with plain decoding" to race the two.</div>'
     lanes = {

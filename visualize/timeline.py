@@ -6,8 +6,12 @@ correction or a bonus). Hovering a token shows p, q, the acceptance
 probability and u, and where the round turned the target's and the draft's
 top 5, and for a draft with another tokenizer the draft tokens it came from;
 hovering a round shows its plain-language explanation. The prompt is
-shown token by token as the target saw it; for a selected n-gram round the
-part the draft matched and copied is marked. All token text is escaped.
+shown token by token as the target saw it, each token with its position (the
+chat template's text folded into a chip that unfolds to its tokens, numbered);
+for a selected n-gram round the part the draft matched and copied is marked,
+and its fold opened, and a draft token copied from the prompt names the
+positions it came from (a click marks them: assets/speclens.js). All token
+text is escaped.
 """
 
 from __future__ import annotations
@@ -41,12 +45,12 @@ def _fmt(x: float | None) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
-def _token(kind: str, text: str, tip: str, step: str = "") -> str:
+def _token(kind: str, text: str, tip: str, step: str = "", attrs: str = "") -> str:
     # data-tip, not title: the page's popover (assets/speclens.js) opens on hover and on a tap.
     # data-step: a round's draft token or the target's own, for the step-through (speclens.js).
     stage = f' data-step="{step}"' if step else ""
     return (
-        f'<span class="sl-tok sl-{kind}" data-tip="{escape(tip, quote=True)}"{stage} tabindex="0">'
+        f'<span class="sl-tok sl-{kind}" data-tip="{escape(tip, quote=True)}"{stage}{attrs} tabindex="0">'
         f"{_shown(text)}</span>"
     )
 
@@ -72,7 +76,26 @@ def _turn_lines(rnd: Round) -> str:
     return lines
 
 
-def _match_line(rnd: Round, prompt_texts: list[str]) -> str:
+def _copied(rnd: Round, n_prompt: int) -> tuple[range, range] | None:
+    """The prompt positions (0-based) an n-gram round matched and copied, where it copied from
+    the prompt."""
+    m = rnd.match
+    if m is None or m.start >= n_prompt:
+        return None
+    return range(max(0, m.start - m.ngram), m.start), range(m.start, min(m.start + rnd.k, n_prompt))
+
+
+def _copy_attrs(rnd: Round, n_prompt: int) -> str:
+    """Where a draft copied from in the prompt, 1-based as the popover says, for the page to mark."""
+    copied = _copied(rnd, n_prompt)
+    if copied is None:
+        return ""
+    key, copy = copied
+    spans = [f"{r.start + 1}-{r.stop}" if r else "" for r in (key, copy)]
+    return f' data-key="{spans[0]}" data-copy="{spans[1]}"'
+
+
+def _match_line(rnd: Round, prompt_texts: list[str], typed: range) -> str:
     m = rnd.match
     if m is None:
         return ""
@@ -84,6 +107,9 @@ def _match_line(rnd: Round, prompt_texts: list[str]) -> str:
         else f"the text written so far (output token {m.start - n_prompt + 1} on)"
     )
     after = f" after “{key.replace(chr(10), '↵')}”" if key else f" after a matching {m.ngram}-token sequence"
+    if m.start < n_prompt:  # the page marks them in the prompt on a click
+        folded = " (the chat template's, folded in the prompt)" if m.start not in typed else ""
+        after += f"{folded}\nclick: the prompt shows them marked"
     return f"\ncopied from {where}{after}"
 
 
@@ -100,7 +126,7 @@ def _translation_line(rnd: Round, j: int) -> str:
     return f"\nfrom the draft's own token{'s' * (len(t.sources[j]) > 1)} {own}, re-encoded for the target"
 
 
-def _draft_chip(rnd: Round, j: int, prompt_texts: list[str]) -> str:
+def _draft_chip(rnd: Round, j: int, prompt_texts: list[str], typed: range) -> str:
     tok, v = rnd.draft[j], rnd.verdicts[j]
     tip = f"{KIND_LABELS[v.kind]} · position {j + 1}\ndraft's probability q = {_fmt(tok.q)}"
     if v.kind == "discarded":
@@ -113,12 +139,14 @@ def _draft_chip(rnd: Round, j: int, prompt_texts: list[str]) -> str:
             tip += f"\nrandom draw u = {_fmt(v.u)} (kept when below the chance to keep)"
     if v.kind == "rejected":
         tip += _turn_lines(rnd)
-    tip += _match_line(rnd, prompt_texts) + _translation_line(rnd, j)
-    return _token(v.kind, tok.text, tip, step="draft")
+    tip += _match_line(rnd, prompt_texts, typed) + _translation_line(rnd, j)
+    return _token(v.kind, tok.text, tip, step="draft", attrs=_copy_attrs(rnd, len(prompt_texts)))
 
 
-def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str]) -> str:
-    chips = [_draft_chip(rnd, j, prompt_texts) for j in range(rnd.k)]
+def _round_html(
+    rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str], typed: range
+) -> str:
+    chips = [_draft_chip(rnd, j, prompt_texts, typed) for j in range(rnd.k)]
     if rnd.emitted is not None:
         e = rnd.emitted
         tip = f"{KIND_LABELS[e.kind]}\ntarget's probability p = {_fmt(e.p)}" + _turn_lines(rnd)
@@ -142,25 +170,40 @@ def _round_html(rnd: Round, index: int, greedy: bool, selected: bool, prompt_tex
     )
 
 
-def _prompt_html(trace: Trace, selected: Round | None) -> str:
+def _prompt_html(trace: Trace, selected: Round | None, typed: range) -> str:
     meta = trace.meta
     texts = meta.prompt_token_texts
     tip = f"{meta.prompt_tokens or '?'} prompt tokens"
     if not texts:  # a version-1 trace: the prompt as the user typed it
         return _token("prompt", meta.prompt, tip)
     marks = [""] * len(texts)
-    m = selected.match if selected is not None else None
-    if m is not None:
-        for i in range(max(0, m.start - m.ngram), min(m.start, len(texts))):
-            marks[i] = "sl-match-key"
-        for i in range(m.start, min(m.start + selected.k, len(texts))):
-            marks[i] = "sl-match-copy"
-    spans = [
-        f'<span class="{mark}">{escape(t)}</span>' if mark else escape(t) for t, mark in zip(texts, marks)
+    copied = _copied(selected, len(texts)) if selected is not None else None
+    for positions, mark in zip(copied or (), ("sl-match-key", "sl-match-copy")):
+        for i in positions:
+            marks[i] = mark
+    spans = [_prompt_token(t, i, len(texts), mark) for i, (t, mark) in enumerate(zip(texts, marks))]
+    start, end = typed.start, typed.stop
+    parts = [
+        _template_fold(spans[:start], 0, any(marks[:start])),
+        "".join(spans[start:end]),
+        _template_fold(spans[end:], end, any(marks[end:])),
     ]
-    start, end = _typed_span(texts, meta.prompt) if meta.chat_template else (0, len(texts))
-    parts = [_template_fold(spans[:start]), "".join(spans[start:end]), _template_fold(spans[end:])]
     return f'<span class="sl-tok sl-prompt" data-tip="{escape(tip, quote=True)}">{"".join(parts)}</span>'
+
+
+def _prompt_token(text: str, i: int, n: int, mark: str) -> str:
+    """One prompt token, with its position (1-based, as the draft tokens' popovers count)."""
+    cls = f'class="{mark}" ' if mark else ""
+    tip = escape(f"prompt token {i + 1} of {n}", quote=True)
+    return f'<span {cls}data-pos="{i + 1}" data-tip="{tip}">{escape(text)}</span>'
+
+
+def _typed_range(trace: Trace) -> range:
+    """The prompt positions the user typed; the rest, before and after, is the chat template's."""
+    texts, meta = trace.meta.prompt_token_texts, trace.meta
+    if not meta.chat_template:
+        return range(len(texts))
+    return range(*_typed_span(texts, meta.prompt))
 
 
 def _typed_span(texts: list[str], typed: str) -> tuple[int, int]:
@@ -180,11 +223,16 @@ def _typed_span(texts: list[str], typed: str) -> tuple[int, int]:
     return start, end
 
 
-def _template_fold(spans: list[str]) -> str:
-    """The chat template's tokens folded into one chip that opens on a click."""
+def _template_fold(spans: list[str], first: int, opened: bool) -> str:
+    """The chat template's tokens folded into one chip that opens on a click, to its tokens
+    numbered; open where a selected round copied from it."""
     if not spans:
         return ""
-    return f'<details class="sl-template"><summary>chat template</summary>{"".join(spans)}</details>'
+    where = f"token {first + 1}" if len(spans) == 1 else f"tokens {first + 1}–{first + len(spans)}"
+    return (
+        f'<details class="sl-template"{" open" if opened else ""}>'
+        f"<summary>chat template · {where}</summary>{''.join(spans)}</details>"
+    )
 
 
 # Step-through controls; assets/speclens.js builds each round up stage by stage: the draft's
@@ -262,12 +310,13 @@ def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = 
     prompt_texts = trace.meta.prompt_token_texts
     strip = entropy_strip_html(trace) if upto is None else ""
     parts = [legend_html(), STEPPER if steps else "", strip, '<div class="sl-rounds">']
+    typed = _typed_range(trace)
     if trace.meta.prompt:
         chosen = steps[selected] if selected is not None and 0 <= selected < len(steps) else None
         parts.append(
-            f'<div class="sl-prompt"><span class="sl-label">prompt</span>{_prompt_html(trace, chosen)}</div>'
+            f'<div class="sl-prompt"><span class="sl-label">prompt</span>{_prompt_html(trace, chosen, typed)}</div>'
         )
-    parts += [_round_html(s, i, greedy, i == selected, prompt_texts) for i, s in enumerate(steps)]
+    parts += [_round_html(s, i, greedy, i == selected, prompt_texts, typed) for i, s in enumerate(steps)]
     if trace.meta.stopped and upto is None:
         parts.append(f'<p class="sl-empty">{escape(trace.meta.stopped.capitalize())}.</p>')
     parts.append("</div>")

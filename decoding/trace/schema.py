@@ -387,7 +387,14 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        return cls.from_json(Path(path).read_text(encoding="utf-8"))
+        """A trace file; anything that is not one is a TraceError naming why, in SpecLens's words."""
+        try:
+            text = Path(path).read_bytes().decode("utf-8")
+        except UnicodeDecodeError:  # an image, an archive, a model file...
+            raise TraceError(
+                "not a SpecLens trace: the file is not text (a trace is JSON in UTF-8)"
+            ) from None
+        return cls.from_json(text)
 
 
 def _tops(rows: list[dict] | None) -> list[TopToken] | None:
