@@ -11,7 +11,8 @@ from decoding.core.tree import MAX_BRANCH, MAX_TREE_NODES
 from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
 from decoding.models.hub import hub_available
 from decoding.settings.policies import K_MAX, K_MIN, POLICIES
-from decoding.tools.sweep import MAX_REPEATS
+from decoding.tools.sweep import MAX_REPEATS, SWEEP_COLUMNS
+from visualize.glossary import glossary_html, glossary_script, terms_html
 from visualize.race import race_html
 from visualize.timeline import empty_timeline_html
 
@@ -122,6 +123,8 @@ def build_demo() -> gr.Blocks:
                 replay_tab(demo)
             with gr.Tab("Production"):
                 production_tab(trace_state)
+        with gr.Accordion("Glossary: every figure the app shows", open=False, elem_id="glossary"):
+            gr.HTML(glossary_html())
     return demo
 
 
@@ -299,7 +302,10 @@ def sweep_tab(settings: dict) -> None:
         speedup_plot = gr.Plot(show_label=False, elem_id="speedup-plot")
         accept_plot = gr.Plot(show_label=False)
     race = gr.HTML(visible=False, elem_id="sweep-race")
-    table = gr.Dataframe(label="Per setting", interactive=False, elem_id="sweep-table")
+    # Its columns show before the first sweep, so each header's definition can be read ahead.
+    table = gr.Dataframe(
+        headers=[*SWEEP_COLUMNS, "best"], label="Per setting", interactive=False, elem_id="sweep-table"
+    )
     csv = gr.File(label="Sweep CSV")
     outputs = [speedup_plot, accept_plot, table, csv, summary, race]
     # What the last sweep showed clears when a new one starts: it may have swept something else.
@@ -433,6 +439,20 @@ def production_tab(trace_state: gr.State) -> None:
         "at that position / drafts (vLLM's definitions). The current Explore run is shown "
         "beside it, counted the same way."
     )
+    gr.HTML(
+        terms_html(
+            [
+                "mean acceptance length",
+                "acceptance rate",
+                "per-position acceptance (vLLM)",
+                "per-position acceptance (SpecLens)",
+                "c",
+                "b",
+                "speedup",
+            ]
+        ),
+        elem_id="prod-terms",
+    )
     with gr.Row():
         url = gr.Textbox(label="Metrics URL", placeholder="http://host:8000/metrics", elem_id="metrics-url")
         page_a = gr.File(label="Saved page", type="filepath", elem_id="page-a")
@@ -498,7 +518,7 @@ def launch_options() -> dict:
     """127.0.0.1 here, 0.0.0.0 on Spaces; Gradio's own GRADIO_SERVER_* variables win."""
     options = {
         "css": CSS_PATH.read_text(),
-        "head": f"<script>{JS_PATH.read_text()}</script>",
+        "head": f"{glossary_script()}<script>{JS_PATH.read_text()}</script>",
         "theme": gr.themes.Soft(),
     }
     if "GRADIO_SERVER_NAME" not in os.environ:

@@ -1,4 +1,4 @@
-// SpecLens: one popover for every [data-tip] (tokens, prompt, stat cards). It opens on hover or
+// SpecLens: one popover for every [data-tip] (tokens, prompt, stat cards, glossary terms, table headers). It opens on hover or
 // focus, and a click or tap pins it until the next click elsewhere or Escape. The text is set with
 // textContent, never as markup.
 (() => {
@@ -80,6 +80,27 @@
     const above = rounds && prompt.getBoundingClientRect().top - rounds.getBoundingClientRect().top;
     if (rounds && above < 0) rounds.scrollTop += above;
   });
+})();
+
+// Table headers: each column named in the glossary (visualize/glossary.py, handed over as
+// window.SL_GLOSSARY) gets its definition as a data-tip, so the popover above opens on it too.
+// Gradio renders a table's headers itself, with the column's name as their title.
+(() => {
+  let queued = false;
+  const mark = () => {
+    queued = false;
+    const glossary = window.SL_GLOSSARY || {};
+    document.querySelectorAll("th[title]:not([data-tip])").forEach((th) => {
+      const text = glossary[th.getAttribute("title").trim().toLowerCase()];
+      if (!text) return;
+      th.dataset.tip = text;
+      th.removeAttribute("title"); // the browser's own tooltip would stand over the popover
+      th.setAttribute("tabindex", "0");
+    });
+  };
+  new MutationObserver(() => {
+    if (!queued) { queued = true; requestAnimationFrame(mark); }
+  }).observe(document.documentElement, { childList: true, subtree: true });
 })();
 
 // The race (visualize/race.py): both lanes replayed at their measured token times, slowed down

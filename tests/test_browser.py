@@ -18,7 +18,9 @@ from test_metrics import FakeVLLM, reply, serve
 from decoding.models import load_model
 from decoding.tools.probe import cached, measure
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, validate
+from visualize import glossary
 from visualize.race import plain_tokens, spec_tokens
+from visualize.timeline import KIND_COLOURS, KIND_LABELS
 
 pytestmark = pytest.mark.slow
 
@@ -707,3 +709,106 @@ def test_the_race_replays_both_texts_and_slow_motion_slows_the_clock(page):
     assert shown < 0.3  # 1.5 s of wall clock is 0.075 s of the run
     assert int(page.locator("#race .sl-lane-count").nth(0).inner_text()) < len(example.output.token_ids)
     page.locator("#race").screenshot(path=ARTIFACTS / "race.png")
+
+
+def tip_of(page, locator) -> str:
+    """Hover `locator`; the popover's text, or empty when none opened."""
+    # Playwright's hover may scroll a table's viewport itself, and a scroll closes an unpinned
+    # popover: the second hover, once the scroll has ended, is the one a still hand makes.
+    locator.hover()
+    locator.page.wait_for_timeout(300)
+    locator.page.mouse.move(0, 0)
+    locator.hover()
+    tip = page.locator("#sl-tip")
+    return tip.inner_text() if tip.is_visible() else ""
+
+
+def test_cards_table_headers_and_terms_open_the_glossary(page):
+    """One glossary behind every card, every column of the Sweep table, and Production's terms."""
+    for label in ("acceptance rate", "tokens per round", "speedup vs plain"):
+        card = page.locator("#cards .sl-card", has_text=label).first
+        assert glossary.term(label).definition in tip_of(page, card), label
+    page.get_by_role("tab", name="Sweep").click()
+    headers = page.locator("#sweep-table th")
+    headers.first.wait_for(timeout=30_000)
+    names = headers.all_inner_texts()
+    assert {"alpha", "acceptance_rate"} <= {n.strip() for n in names}
+    for i, name in enumerate(names):
+        assert tip_of(page, headers.nth(i)) == glossary.tip(name), name
+    page.get_by_role("tab", name="Production").click()
+    for term in ("per-position acceptance (vLLM)", "per-position acceptance (SpecLens)"):
+        chip = page.locator("#prod-terms .sl-term", has_text=term)
+        assert tip_of(page, chip) == glossary.tip(term)
+
+
+def test_a_phone_opens_the_glossary_with_a_tap(browser, live_app):
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.goto(live_app, wait_until="load")
+    page.wait_for_selector("#cards .sl-card", timeout=60_000)
+    tip = page.locator("#sl-tip")
+    card = page.locator("#cards .sl-card", has_text="acceptance rate").first
+    card.scroll_into_view_if_needed()
+    page.wait_for_timeout(150)
+    card.tap()
+    assert tip.is_visible() and glossary.term("acceptance rate").definition in tip.inner_text()
+    page.get_by_role("tab", name="Sweep").click()
+    header = page.locator("#sweep-table th", has_text="alpha").first
+    header.scroll_into_view_if_needed()
+    page.wait_for_timeout(150)
+    header.tap()
+    assert tip.is_visible() and tip.inner_text() == glossary.tip("alpha")
+    box, screen = tip.bounding_box(), page.viewport_size
+    assert box["x"] >= 0 and box["x"] + box["width"] <= screen["width"]
+    page.screenshot(path=ARTIFACTS / "phone-glossary.png")
+    context.close()
+
+
+CHART_BOXES = """() => [...document.querySelectorAll('.js-plotly-plot')].filter((p) => p.offsetParent).map((p) => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const bar = p.querySelector('.modebar');
+  return { chart: box(p), modebar: bar && box(bar),
+           titles: [...p.querySelectorAll('.gtitle, .xtitle, .ytitle, .y2title')].map((t) => [t.textContent, box(t)]) };
+})"""
+
+
+def overlap(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_a_360_px_phone_sees_every_chart_title_whole_and_clear_of_the_toolbar(browser, live_app):
+    context = browser.new_context(viewport={"width": 360, "height": 780}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.goto(live_app, wait_until="load")
+    page.wait_for_selector("#cards .sl-card", timeout=60_000)
+    charts = []
+    for tab in ("Explore", "Theory"):
+        page.get_by_role("tab", name=tab).click()
+        page.wait_for_selector(".js-plotly-plot:visible .gtitle", timeout=30_000)
+        page.wait_for_timeout(1000)  # Plotly lays a chart out again once it knows its width
+        charts += page.evaluate(CHART_BOXES)
+    assert len(charts) >= 7
+    for chart in charts:
+        for text, box in chart["titles"]:
+            left, top, right, bottom = chart["chart"]
+            assert (
+                left - 1 <= box[0] and box[2] <= right + 1 and top - 1 <= box[1] and box[3] <= bottom + 1
+            ), text
+        title = [box for text, box in chart["titles"] if text][0]
+        assert chart["modebar"] and not overlap(title, chart["modebar"]), chart
+    page.screenshot(path=ARTIFACTS / "phone-charts.png", full_page=True)
+    context.close()
+
+
+def test_the_entropy_strip_names_the_colour_its_bars_have(page):
+    """The caption's words for a kind name the colour that kind's bars and legend chip share."""
+    strip = page.locator("#timeline .sl-entropy-box")
+    strip.wait_for(timeout=60_000)
+    caption = strip.locator(".sl-caption").inner_text()
+    for kind in ("correction", "accepted"):
+        assert f"{KIND_LABELS[kind]} ({KIND_COLOURS[kind]})" in caption, caption
+        bar = strip.locator(f".sl-ent-{kind}").first.evaluate("e => getComputedStyle(e).backgroundColor")
+        chip = page.locator(f"#timeline .sl-legend .sl-tok.sl-{kind}").evaluate(
+            "e => getComputedStyle(e).borderTopColor"
+        )
+        assert bar == chip, kind

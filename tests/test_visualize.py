@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import colorsys
 import html as html_lib
 import json
 import re
@@ -44,7 +45,7 @@ from visualize.charts import (
 from visualize.explain import explain_round, explain_round_markdown
 from visualize.race import plain_tokens, race_html, race_many_html, spec_tokens
 from visualize.simulate import simulate_trace
-from visualize.timeline import timeline_html, token_entropies
+from visualize.timeline import KIND_COLOURS, KIND_LABELS, _entropy_caption, timeline_html, token_entropies
 
 EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*.json"))
 
@@ -312,7 +313,8 @@ def test_a_round_that_drafted_nothing_is_the_target_alone_and_out_of_the_histogr
     assert 'class="sl-tok sl-target"' in html and "target alone (nothing drafted)" in html
     histogram = accepted_length_histogram(old)
     assert sum(histogram.data[0].y) == len(old.rounds) - len(alone)
-    assert f"{len(alone)} rounds that drafted nothing left out" in histogram.layout.xaxis.title.text
+    title = histogram.layout.xaxis.title.text.replace("<br>", " ")  # wrapped to fit a phone
+    assert f"{len(alone)} rounds that drafted nothing left out" in title
 
 
 def test_acceptance_by_position_names_its_counts_and_greys_the_thin_ones():
@@ -474,7 +476,8 @@ def test_the_entropy_strip_shows_the_traces_entropies(tiny_target):
     assert kinds.count("correction") == sum(
         r.emitted is not None and r.emitted.kind == "correction" for r in trace.rounds
     )
-    assert ("Mean where a draft was refused" in html) == ("correction" in kinds and "accepted" in kinds)
+    named = "Mean at a target's correction (amber), where a draft was refused"
+    assert (html_lib.escape(named) in html) == ("correction" in kinds and "accepted" in kinds)
 
 
 def test_a_workload_of_one_category_draws_its_line_without_a_copy_named_all():
@@ -571,3 +574,35 @@ def test_a_stopped_run_says_why_it_has_no_race():
     trace.meta = replace(trace.meta, stopped="stopped by the user")  # Stop, with Compare ticked
     html = race_html(trace)
     assert "Stopped by the user: no plain run to race against." in html and "Compare" not in html
+
+
+def hue(hex_colour: str) -> tuple[float, float]:
+    """(hue in degrees, saturation) of a #rrggbb colour."""
+    h, _, s = colorsys.rgb_to_hls(*(int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5)))
+    return h * 360, s
+
+
+HUES = {"red": (345, 15), "amber": (25, 45), "green": (90, 160), "blue": (200, 240), "purple": (250, 290)}
+
+
+def test_each_kind_has_one_colour_that_its_chips_bars_and_captions_share():
+    """A kind's chip border, its legend chip and its entropy bar are one CSS colour, and the word a
+    caption uses for it names that colour."""
+    css = (ROOT / "assets" / "speclens.css").read_text()
+    for kind, name in KIND_COLOURS.items():
+        value = re.search(rf"--sl-{kind}: (#[0-9a-f]{{6}})", css).group(1)
+        h, saturation = hue(value)
+        if name == "grey":
+            assert saturation < 0.1, kind
+        else:
+            low, high = HUES[name]
+            assert (low <= h <= high) if low < high else (h >= low or h <= high), (kind, value, name)
+        rules = re.findall(rf"\.sl-tok\.sl-{kind} {{([^}}]*)}}", css)
+        borders = [r.split("border-color:")[1].split(";")[0].strip() for r in rules if "border-color:" in r]
+        assert borders and set(borders) == {f"var(--sl-{kind})"}, (kind, borders)  # light and dark alike
+    for kind in ("accepted", "correction", "bonus", "target"):
+        assert re.search(rf"\.sl-ent-{kind} {{ background: var\(--sl-{kind}\); }}", css), kind
+    caption = _entropy_caption([("correction", "a", 1.0), ("accepted", "b", 0.5), ("bonus", "c", 0.2)])
+    assert f"{KIND_LABELS['correction']} ({KIND_COLOURS['correction']})" in caption
+    assert f"{KIND_LABELS['accepted']} ({KIND_COLOURS['accepted']})" in caption
+    assert "refused" not in caption.split("(amber)")[0]  # a refusal is named by the bar that stands for it

@@ -6,9 +6,13 @@ from html import escape
 
 from decoding.trace import Timing, Trace, agreement, decode_ratio, plain_timing, speculative_timing
 
+from . import glossary
 
-def _card(label: str, value: str, cls: str = "", tip: str = "") -> str:
-    return f'<div class="sl-card {cls}" data-tip="{escape(tip, quote=True)}" tabindex="0"><div class="sl-card-value">{escape(value)}</div><div class="sl-card-label">{escape(label)}</div></div>'
+
+def _card(label: str, value: str, cls: str = "", tip: str = "", term: str = "") -> str:
+    # Every card's popover defines its figure (visualize/glossary.py), after what this run says, if anything.
+    text = "\n\n".join(x for x in (tip, glossary.tip(term or label)) if x)
+    return f'<div class="sl-card {cls}" data-tip="{escape(text, quote=True)}" tabindex="0"><div class="sl-card-value">{escape(value)}</div><div class="sl-card-label">{escape(label)}</div></div>'
 
 
 def seconds(s: float) -> str:
@@ -29,7 +33,7 @@ def stats_html(trace: Trace) -> str:
     same = agreement(trace)
     if same is not None:
         cls = {True: "sl-good", False: "sl-bad", None: ""}[same.good]
-        cards.append(_card(same.label, same.value, cls, tip=same.sentence))
+        cards.append(_card(same.label, same.value, cls, tip=same.sentence, term="agreement"))
     m = trace.meta
     caption = f"{m.target or '?'} · draft {m.draft or '?'} · {t.new_tokens} tokens in {t.rounds} rounds · {m.device} {m.dtype}"
     if m.stopped:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -28,21 +29,55 @@ INK = "#7d8797"  # 3.7:1 on white, 5:1 on Gradio's dark background
 GRID = "rgba(128, 128, 128, 0.25)"
 
 
+# Sized for a 360 px phone, whose charts are about 300 px wide and 200 px tall inside their axes:
+# titles wrap at these many characters (of 15 px and 13 px type) rather than run off the chart.
+TITLE_CHARS = 36
+X_TITLE_CHARS = 42
+Y_TITLE_CHARS = 28
+# Plotly's toolbar (the modebar) is a row this tall along the chart's top: the title starts below it.
+MODEBAR_PX = 34
+LINE_PX = {"title": 20, "axis": 16}
+
+
+def wrap(text: str, width: int) -> str:
+    """`text` broken into lines of at most `width` characters (Plotly's <br>): Plotly never wraps."""
+    return "<br>".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
+
+
 def _layout(fig: go.Figure, title: str, x: str, y: str, whole_x: bool = False) -> go.Figure:
     if whole_x:  # positions, counts and draft lengths are whole numbers
         fig.update_xaxes(dtick=1)
+    title, x, y = wrap(title, TITLE_CHARS), wrap(x, X_TITLE_CHARS), wrap(y, Y_TITLE_CHARS)
+    title_lines, x_lines = title.count("<br>") + 1, x.count("<br>") + 1
+    top = MODEBAR_PX + LINE_PX["title"] * title_lines + 14
+    bottom = 30 + LINE_PX["axis"] * x_lines
+    if len(fig.data) > 1 or fig.layout.showlegend:  # room for the legend, below the axis title
+        bottom += 2 * LINE_PX["axis"]
     fig.update_layout(
-        title=title,
-        xaxis_title=x,
-        yaxis_title=y,
+        # Below the toolbar's row: on a phone the toolbar spans the chart's width. Plotly anchors a
+        # title of several lines half a line too high for each line after the first.
+        title={
+            "text": title,
+            "x": 0,
+            "xanchor": "left",
+            "xref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "yref": "container",
+            "pad": {"t": MODEBAR_PX + LINE_PX["title"] * (title_lines - 1) // 2, "l": 12},
+            "font": {"size": 15},
+        },
+        xaxis_title={"text": x, "font": {"size": 13}},
+        yaxis_title={"text": y, "font": {"size": 13}},
         template="plotly_white",
         # Transparent, with a grey that reads on a light and on a dark page: the app's theme shows through.
         paper_bgcolor="rgba(0,0,0,0)",
         plot_bgcolor="rgba(0,0,0,0)",
         font={"color": INK},
-        margin={"l": 50, "r": 20, "t": 50, "b": 45},
-        height=320,
-        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 50 + LINE_PX["axis"] * y.count("<br>"), "r": 20, "t": top, "b": bottom},
+        height=260 + top + bottom - 50,
+        # Below the axis title, however many lines it took.
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom"},
     )
     fig.update_xaxes(gridcolor=GRID, zerolinecolor=GRID)
     fig.update_yaxes(gridcolor=GRID, zerolinecolor=GRID)

@@ -31,6 +31,16 @@ KIND_LABELS = {
     "bonus": "target's bonus",
     "target": "target alone (nothing drafted)",
 }
+# Each kind's colour in words, as assets/speclens.css's --sl-<kind> paints it in the chips, the
+# legend and the entropy strip: a caption that names a colour names this one.
+KIND_COLOURS = {
+    "accepted": "green",
+    "rejected": "red",
+    "discarded": "grey",
+    "correction": "amber",
+    "bonus": "blue",
+    "target": "purple",
+}
 SOURCE_LABELS = {"ngram": "n-gram", "head": "head"}  # which source of a hybrid draft drafted a round
 
 
@@ -264,7 +274,8 @@ def token_entropies(trace: Trace) -> list[tuple[str, str, float | None]]:
 
 def entropy_strip_html(trace: Trace) -> str:
     """A strip of bars along the output, one per token, as tall as the target's entropy there and
-    coloured by what happened: refusals (orange) stand where the target itself was unsure."""
+    coloured by what happened, as in the legend: the target's corrections (amber), where it refused
+    a draft, stand where it was itself unsure."""
     tokens = token_entropies(trace)
     known = [h for _, _, h in tokens if h is not None]
     if not known:
@@ -291,11 +302,19 @@ def _entropy_caption(tokens: list[tuple[str, str, float | None]]) -> str:
         hs = [h for kind, _, h in tokens if kind in kinds and h is not None]
         return sum(hs) / len(hs) if hs else None
 
-    text = "The target's uncertainty (entropy) at each output token, coloured by what happened there."
+    text = "The target's uncertainty (entropy) at each output token, coloured as in the legend above."
     refused, kept = mean(("correction",)), mean(("accepted",))
     if refused is not None and kept is not None:
-        text += f" Mean where a draft was refused: {refused:.2f} nats; where one was kept: {kept:.2f}."
+        # A refused draft is no output token: its position holds the target's correction.
+        text += (
+            f" Mean at a {_named('correction')}, where a draft was refused: {refused:.2f} nats;"
+            f" at an {_named('accepted')}: {kept:.2f}."
+        )
     return text
+
+
+def _named(kind: str) -> str:
+    return f"{KIND_LABELS[kind]} ({KIND_COLOURS[kind]})"
 
 
 def legend_html() -> str:
