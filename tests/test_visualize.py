@@ -100,6 +100,18 @@ def test_timeline_escapes_and_colours_every_kind():
     assert "draft's probability q = 0.800" in tips and "chance to keep" in tips
 
 
+def test_a_round_label_says_what_it_drafted_not_k():
+    """k is what the policy asked for; a round's label counts the tokens it drafted."""
+    trace = hand_made()
+    trace.meta.policy = make_policy("fixed", 4)
+    labels = re.findall(r'<span class="sl-label">(#[^<]*)</span>', timeline_html(trace))
+    assert [label.split(" · ")[:2] for label in labels] == [
+        ["#1", "3 drafted"],
+        ["#2", "2 drafted"],
+        ["#3", "1 drafted"],
+    ]
+
+
 def test_timeline_upto_and_selected():
     html = timeline_html(hand_made(), upto=2, selected=1)
     assert html.count("data-round=") == 2
@@ -294,7 +306,7 @@ def test_round_sentences_in_markdown_escape_token_text():
 
 def test_a_round_that_drafted_nothing_is_the_target_alone_and_out_of_the_histogram():
     old = Trace.load(ROOT / "tests" / "data" / "trace-v2-summarization-ngram-greedy.json")
-    alone = [r for r in old.rounds if r.k == 0]
+    alone = [r for r in old.rounds if r.drafted == 0]
     assert alone and all(r.emitted.kind == "target" for r in alone)  # read as today's word
     validate(old)
     html = timeline_html(old)

@@ -41,7 +41,7 @@ def slower_because(trace: Trace) -> str:
     step_ms = costmodel.target_ms_per_token(trace.baseline.token_times_s) if trace.baseline else None
     if t.speedup is None or t.speedup >= 1 or not t.rounds or not step_ms:
         return ""
-    drafted = [r for r in trace.rounds if r.k]
+    drafted = [r for r in trace.rounds if r.drafted]
     cost = sum(r.round_ms for r in trace.rounds) / len(trace.rounds) / step_ms
     nothing = len(trace.rounds) - len(drafted)
     idle = f"; in {nothing} of {t.rounds} rounds the draft had nothing to propose" if nothing else ""

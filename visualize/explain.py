@@ -57,7 +57,7 @@ def _explain_translation(rnd: Round, q: Callable[[str], str]) -> str:
             f" The draft has another tokenizer: it drew {own}, only from tokens whose text the "
             "target's vocabulary holds too, so each is one target token."
         )
-    checked = f"the {rnd.k} token{'s' * (rnd.k != 1)} checked"
+    checked = f"the {rnd.drafted} token{'s' * (rnd.drafted != 1)} checked"
     return (
         f" The draft has another tokenizer: it wrote {own}, which the target's tokenizer reads as {checked}."
     )
@@ -67,13 +67,13 @@ def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]
     head = f"Round {index + 1}: "
     drafted = [t.text for t in rnd.draft]
     e = rnd.emitted
-    if rnd.k == 0:
+    if rnd.drafted == 0:
         return head + f"the draft had nothing to propose, so the target wrote {q(e.text)} itself."
     proposed = (
         f"the draft proposed {len(drafted)} token{'s' * (len(drafted) != 1)} ({', '.join(map(q, drafted))})"
     )
     n = rnd.n_accepted
-    if n == rnd.k:
+    if n == rnd.drafted:
         if e is None:
             return head + f"{proposed}; the target kept all of them, and the last one ended the text."
         return (
@@ -96,7 +96,7 @@ def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]
         if greedy
         else f"so it drew {q(e.text)} from what p has left over q"
     )
-    after = rnd.k - n - 1
+    after = rnd.drafted - n - 1
     tail = (
         f"; the {after} draft token{'s' * (after != 1)} after it {'were' if after != 1 else 'was'} "
         "discarded without being judged, since they followed a refused token"
