@@ -106,7 +106,9 @@ def test_a_reordered_vocabulary_drafts_every_token_right(char_target, k):
     validate(trace)
     assert trace.output.token_ids == plain.token_ids
     assert trace.totals.accepted == trace.totals.proposed > 0
-    assert all(r.translation.sources == [[j] for j in range(r.drafted)] for r in trace.rounds if r.translation)
+    assert all(
+        r.translation.sources == [[j] for j in range(r.drafted)] for r in trace.rounds if r.translation
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 6])
