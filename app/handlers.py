@@ -152,6 +152,17 @@ def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
     return kind
 
 
+def spec_controls(spec: str) -> tuple[str, int | None, str | None]:
+    """The draft source, N and draft model that `draft_spec` turns into `spec` (None: not named)."""
+    kind, _, n = spec.partition(":")
+    sources = {name: label for label, name in DRAFT_SOURCES.items()}
+    if kind == "layers":
+        return sources["layers"], int(n), None
+    if spec in sources and spec not in ("layers", "model"):
+        return sources[spec], None, None
+    return sources["model"], None, spec
+
+
 def layer_range(target: str, n_layers: float):
     """Bind the N slider to the target's own layer count (N must leave at least one layer out)."""
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 import gradio as gr
 
 from decoding.core.tree import MAX_BRANCH, MAX_TREE_NODES
+from decoding.errors import SpecLensError
 from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
 from decoding.models.hub import hub_available
 from decoding.settings.policies import K_MAX, K_MIN, POLICIES
@@ -35,37 +36,18 @@ NEXT_ROUND_JS = (
     "(r) => Math.min(r + 1, Number(document.querySelector('#replay-round input[type=range]').max))"
 )
 
-# A pair sets everything it names: target, draft source, N, and the draft model.
+# A pair names a target and a draft spec as `build_draft` reads it; the sidebar's draft
+# controls follow from the spec (`pair_controls`), so their labels live in `DRAFT_SOURCES` only.
 OFFLINE_PAIRS = {
-    "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "n-gram (prompt lookup)", 10, None),
-    "SmolLM2-135M · trained draft head (offline)": ("smollm2-135m", "trained draft head (EAGLE-3)", 10, None),
-    "SmolLM2-135M · n-gram + trained head (offline)": (
-        "smollm2-135m",
-        "n-gram where the text repeats, else the head",
-        10,
-        None,
-    ),
-    "SmolLM2-135M · its first 10 layers (offline)": (
-        "smollm2-135m",
-        "first N layers of the target",
-        10,
-        None,
-    ),
-    "Gemma-3-270M · n-gram draft (offline)": ("gemma3-270m", "n-gram (prompt lookup)", 10, None),
-    "Gemma-3-270M ← SmolLM2-135M, another tokenizer (offline)": (
-        "gemma3-270m",
-        "separate draft model",
-        10,
-        "smollm2-135m",
-    ),
+    "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "ngram"),
+    "SmolLM2-135M · trained draft head (offline)": ("smollm2-135m", "head"),
+    "SmolLM2-135M · n-gram + trained head (offline)": ("smollm2-135m", "ngram+head"),
+    "SmolLM2-135M · its first 10 layers (offline)": ("smollm2-135m", "layers:10"),
+    "Gemma-3-270M · n-gram draft (offline)": ("gemma3-270m", "ngram"),
+    "Gemma-3-270M ← SmolLM2-135M, another tokenizer (offline)": ("gemma3-270m", "smollm2-135m"),
 }
 HUB_PAIR_SETTINGS = {
-    f"{PRESETS[t].hub_id.split('/')[1]} ← {PRESETS[d].hub_id.split('/')[1]} (hub)": (
-        t,
-        "separate draft model",
-        10,
-        d,
-    )
+    f"{PRESETS[t].hub_id.split('/')[1]} ← {PRESETS[d].hub_id.split('/')[1]} (hub)": (t, d)
     for t, d in HUB_PAIRS
 }
 
@@ -74,18 +56,24 @@ OWN_PAIR = "Your own choice (the target and draft set below)"
 
 
 def pair_of(
-    offered: dict[str, tuple], target: str, source: str, n_layers: float, draft_model: str | None
+    offered: dict[str, tuple[str, str]], target: str, source: str, n_layers: float, draft_model: str | None
 ) -> str:
     """The pair the sidebar's settings make now: an offered one, or OWN_PAIR once any of them differs."""
-    for label, (t, s, n, d) in offered.items():
-        same_layers = s != "first N layers of the target" or int(n_layers) == n
-        if (t, s, d or "") == (target, source, draft_model or "") and same_layers:
-            return label
-    return OWN_PAIR
+    try:
+        spec = h.draft_spec(source, n_layers, draft_model or "")
+    except SpecLensError:  # no draft model named yet: no offered pair
+        return OWN_PAIR
+    return next((label for label, pair in offered.items() if pair == (target, spec)), OWN_PAIR)
 
 
-def pairs() -> dict[str, tuple]:
-    """The model pairs this server can run: the hub's only where the hub can be reached."""
+def pair_controls(target: str, spec: str) -> tuple:
+    """What choosing a pair sets: the target, and the draft source, N and draft model of its spec."""
+    source, n_layers, draft_model = h.spec_controls(spec)
+    return target, source, gr.update() if n_layers is None else n_layers, draft_model
+
+
+def pairs() -> dict[str, tuple[str, str]]:
+    """The model pairs this server can run, as (target, draft spec): the hub's only where it can be reached."""
     return OFFLINE_PAIRS | (HUB_PAIR_SETTINGS if hub_available() else {})
 
 
@@ -135,7 +123,12 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
         pair = gr.Dropdown([*offered, OWN_PAIR], value=list(offered)[0], label="Model pair", elem_id="pair")
         s = _setting_controls()
     draft = [s["target"], s["draft_source"], s["n_layers"], s["draft_model"]]
-    pair.change(lambda p: offered.get(p, [gr.skip()] * 4), pair, draft, api_visibility="private")
+    pair.change(
+        lambda p: pair_controls(*offered[p]) if p in offered else [gr.skip()] * 4,
+        pair,
+        draft,
+        api_visibility="private",
+    )
     # A setting changed by hand: the pair box says the pair is no longer the one it named.
     gr.on([c.change for c in draft], lambda *v: pair_of(offered, *v), draft, pair, api_visibility="private")
     gr.on(
@@ -171,7 +164,7 @@ def _setting_controls() -> dict[str, gr.components.Component]:
             elem_id="target",
         ),
         "draft_source": gr.Radio(
-            list(h.DRAFT_SOURCES), value="n-gram (prompt lookup)", label="Draft source", elem_id="source"
+            list(h.DRAFT_SOURCES), value=next(iter(h.DRAFT_SOURCES)), label="Draft source", elem_id="source"
         ),
         # The range follows the target's layer count once it is known.
         "n_layers": gr.Slider(

@@ -123,7 +123,7 @@ def estimate_alpha(*traces: Trace) -> float:
     """
     rounds = [r for t in traces for r in t.rounds]
     accepted = sum(r.n_accepted for r in rounds)
-    rejections = sum(1 for r in rounds if r.n_accepted < r.k)
+    rejections = sum(1 for r in rounds if r.n_accepted < r.drafted)
     return accepted / (accepted + rejections) if accepted + rejections else 0.0
 
 
@@ -137,7 +137,7 @@ def verify_cost_ms(traces: Sequence[Trace]) -> dict[int, float]:
 
 
 def draft_ms_per_token(trace: Trace) -> float:
-    proposed = sum(s.k for s in trace.rounds)
+    proposed = sum(s.drafted for s in trace.rounds)
     return sum(s.draft_ms for s in trace.rounds) / proposed if proposed else 0.0
 
 
@@ -159,8 +159,8 @@ def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
     alpha = estimate_alpha(trace)
     t_draft = draft_ms_per_token(trace)
     verify = verify_cost_ms([trace])
-    tokens = sum(expected_tokens(alpha, r.k) for r in trace.rounds)
-    cost = sum(r.k * t_draft + verify[r.checked] for r in trace.rounds)
+    tokens = sum(expected_tokens(alpha, r.drafted) for r in trace.rounds)
+    cost = sum(r.drafted * t_draft + verify[r.checked] for r in trace.rounds)
     return tokens * t_target_ms / cost if cost else 0.0
 
 
@@ -170,7 +170,7 @@ def acceptance_by_position(trace: Trace) -> list[tuple[int, int, int]]:
     reached: dict[int, int] = defaultdict(int)
     accepted: dict[int, int] = defaultdict(int)
     for s in trace.rounds:
-        for j in range(min(s.k, s.n_accepted + 1)):
+        for j in range(min(s.drafted, s.n_accepted + 1)):
             reached[j] += 1
             accepted[j] += j < s.n_accepted
     return [(j, reached[j], accepted[j]) for j in sorted(reached)]

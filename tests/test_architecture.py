@@ -4,10 +4,13 @@ inside a function; no function grows past 60 lines."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+
+from decoding.trace import TRACE_VERSION
 
 PACKAGES = ("decoding", "visualize", "app")
 
@@ -135,3 +138,11 @@ def test_no_function_is_longer_than_60_lines():
                 if length > 60:
                     long.append(f"{name}.{node.name}: {length} lines")
     assert not long, long
+
+
+def test_the_architecture_page_names_every_module_and_todays_trace_version():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    assert f"Version {TRACE_VERSION}:" in text
+    names = {name.rsplit(".", 1)[-1] for name, path in MODULES.items() if path.name != "__init__.py"}
+    unnamed = sorted(n for n in names - {"__main__"} if not re.search(rf"\b{n}\b", text))
+    assert not unnamed, f"docs/architecture.md does not name {unnamed}"

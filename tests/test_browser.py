@@ -96,7 +96,7 @@ def test_explore_run_timeline_charts_and_download(page):
     validate(trace)
 
     kinds = {"accepted"} if any(s.n_accepted for s in trace.rounds) else set()
-    kinds |= {"rejected"} if any(s.n_accepted < s.k for s in trace.rounds) else set()
+    kinds |= {"rejected"} if any(s.n_accepted < s.drafted for s in trace.rounds) else set()
     kinds |= {s.emitted.kind for s in trace.rounds if s.emitted}
     for kind in kinds | {"prompt"}:
         chip = page.locator(f"#timeline .sl-rounds .sl-tok.sl-{kind}").first

@@ -201,7 +201,7 @@ def test_a_draft_with_another_tokenizer_drafts_through_text(tmp_path, capsys, sm
     assert main([*args, "--trace-out", str(out)]) == 0, capsys.readouterr().err
     trace = Trace.load(out)
     assert trace.meta.draft_kind == "cross"
-    assert all(r.translation is not None for r in trace.rounds if r.k)
+    assert all(r.translation is not None for r in trace.rounds if r.drafted)
 
 
 def test_model_too_large(capsys, huge_model):

@@ -106,7 +106,9 @@ def test_a_reordered_vocabulary_drafts_every_token_right(char_target, k):
     validate(trace)
     assert trace.output.token_ids == plain.token_ids
     assert trace.totals.accepted == trace.totals.proposed > 0
-    assert all(r.translation.sources == [[j] for j in range(r.k)] for r in trace.rounds if r.translation)
+    assert all(
+        r.translation.sources == [[j] for j in range(r.drafted)] for r in trace.rounds if r.translation
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 6])
@@ -147,9 +149,9 @@ def test_the_heuristic_counts_target_tokens(char_target):
     expected = make_policy("heuristic", 3)
     fewer_draft_tokens = 0
     for r in trace.rounds[:-1]:  # the last round is cut to the tokens left
-        assert r.k == expected.next_k()
-        fewer_draft_tokens += len(r.translation.ids) < r.k
-        expected.update(r.n_accepted, r.k)
+        assert r.drafted == expected.next_k()
+        fewer_draft_tokens += len(r.translation.ids) < r.drafted
+        expected.update(r.n_accepted, r.drafted)
     assert fewer_draft_tokens > 0
 
 
@@ -222,14 +224,14 @@ def test_the_example_trace_shows_both_tokenizers():
     assert trace.meta.draft_kind == "cross" and trace.output.token_ids == trace.baseline.token_ids
     html = timeline_html(trace)
     assert "re-encoded for the target" in html and "from 3 draft tokens" in html
-    rnd = next(r for r in trace.rounds if r.k == 3)
+    rnd = next(r for r in trace.rounds if r.drafted == 3)
     assert "another tokenizer" in explain_round(rnd, 0, True)
     assert "of its own" in explain_round_markdown(rnd, 0, True)
 
 
 def test_a_broken_translation_is_refused():
     data = json.loads(EXAMPLE.read_text())
-    rnd = next(r for r in data["rounds"] if r["k"])
+    rnd = next(r for r in data["rounds"] if r["drafted"])
     rnd["translation"]["sources"][0] = [99]
     with pytest.raises(TraceError, match="indices of the draft's own tokens"):
         validate(Trace.from_dict(data))
@@ -253,7 +255,7 @@ def test_gemma_checks_what_smollm2_drafts(gemma, smol, specbench, category):
     assert trace.totals.accepted > 0
     # Gemma's <bos> opens the prompt; SmolLM2 reads text, not that marker.
     assert "<bos>" not in smol.tokenizer.decode(run.draft.context(run.prompt_ids))
-    first = next(r for r in trace.rounds if r.k)
+    first = next(r for r in trace.rounds if r.drafted)
     assert first.translation.mode == "text" and first.translation.ids
 
 
@@ -265,5 +267,5 @@ def test_gemma_samples_with_smollm2_drafting(gemma, smol, specbench):
     )
     trace = api.speculative(api.prepare(config))
     validate(trace)
-    assert all(r.translation.mode == "vocab" for r in trace.rounds if r.k)
+    assert all(r.translation.mode == "vocab" for r in trace.rounds if r.drafted)
     assert trace.totals.accepted > 0

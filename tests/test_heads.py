@@ -188,7 +188,7 @@ def test_hybrid_draft_is_lossless_and_names_its_source(trained_tiny):
             validate(trace)
             sources |= {r.source for r in trace.rounds}
             head_rounds = [r for r in trace.rounds if r.source == "head"]
-            assert all(r.k > 0 for r in head_rounds)  # its features lined up
+            assert all(r.drafted > 0 for r in head_rounds)  # its features lined up
             assert all(len(r.draft) <= (head_k or k) for r in head_rounds)
     assert sources - {None} == {"ngram", "head"}  # None: a last round with no room to draft
 
@@ -241,7 +241,7 @@ def test_drafts_equal_a_fresh_recomputation(tiny_target):
         cache = HeadCache()
         out = head.step(embed(x[0, 1:]), head.fc(feats), cache)[-1:]
         expected = []
-        for _ in range(step.k):
+        for _ in range(step.drafted):
             token = head.draft_ids[head.logits(out)[0].argmax()]
             expected.append(int(token))
             out = head.step(embed(token.view(1)), out, cache)

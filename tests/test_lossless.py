@@ -74,7 +74,7 @@ def test_a_stopping_policy_shortens_rounds_where_the_draft_is_unsure(tiny_target
     for name in ("confidence", "entropy"):
         policy = make_policy(name, 8, 0.5)
         trace = speculative_generate(tiny_target, ids, draft, policy, max_new_tokens=60)
-        ks = [r.k for r in trace.rounds if r.k]
+        ks = [r.drafted for r in trace.rounds if r.drafted]
         assert max(ks) <= 8 and min(ks) < 8, (name, ks)  # some rounds stopped early
 
 
@@ -95,7 +95,7 @@ def test_heuristic_changes_k(tiny_target):
     trace = speculative_generate(
         tiny_target, ids, ModelDraft(tiny_target, 64, "self"), make_policy("heuristic", 2), max_new_tokens=60
     )
-    ks = [s.k for s in trace.rounds]
+    ks = [s.drafted for s in trace.rounds]
     assert ks[:3] == [2, 4, 6], ks  # +2 after every fully accepted round
 
 
@@ -145,10 +145,10 @@ def test_model_draft_never_reruns_seen_tokens(tiny_target, tiny_draft):
         hook.remove()
     expected, previous = [], None
     for step in trace.rounds:
-        if step.k == 0:  # the budget left room for the target's token only
+        if step.drafted == 0:  # the budget left room for the target's token only
             continue
-        first = ids.shape[1] if previous is None else 1 + (previous.n_accepted == previous.k)
-        expected += [first] + [1] * (step.k - 1)
+        first = ids.shape[1] if previous is None else 1 + (previous.n_accepted == previous.drafted)
+        expected += [first] + [1] * (step.drafted - 1)
         previous = step
     assert fed == expected
 

@@ -187,7 +187,7 @@ def test_speclenss_own_export_reads_back_with_the_same_figures(tiny_target, tmp_
     page.write_text(metrics.metrics_page(ours))
     assert "speclens:spec_decode_num_drafts_total" in page.read_text()
     back = metrics.summary(metrics.read(str(page)))
-    drafted = [s for s in trace.rounds if s.k]
+    drafted = [s for s in trace.rounds if s.drafted]
     assert back["engine"] == "speclens" and back["num_drafts"] == len(drafted)
     assert back["num_accepted_tokens"] == trace.totals.accepted
     assert back["acceptance_rate"] == pytest.approx(trace.totals.acceptance_rate)

@@ -51,7 +51,7 @@ def test_invariants_hold(tiny_target):
             assert s.round_ms >= s.draft_ms + s.verify_ms - 1e-6
             # Positions after the first rejection were conditioned on a wrong
             # prefix: they were never judged, and carry no numbers.
-            n, k = s.n_accepted, s.k
+            n, k = s.n_accepted, s.drafted
             refused = ["rejected"] + ["discarded"] * (k - n - 1) if n < k else []
             assert [v.kind for v in s.verdicts] == ["accepted"] * n + refused
             for v in s.verdicts[s.n_accepted + 1 :]:
@@ -73,6 +73,7 @@ def test_json_round_trip(tiny_target, tmp_path):
         assert again.to_dict() == trace.to_dict()
         data = json.loads(path.read_text())
         assert set(data) >= {"meta", "rounds", "totals", "output"}
+        assert all(r["drafted"] == len(r["draft"]) and "k" not in r for r in data["rounds"])
 
 
 def test_dataframe_one_row_per_event(tiny_target):
@@ -80,7 +81,7 @@ def test_dataframe_one_row_per_event(tiny_target):
         df = token_frame(trace)
         assert list(df.columns) == EVENT_COLUMNS
         emitted = sum(s.emitted is not None for s in trace.rounds)
-        assert len(df) == sum(s.k for s in trace.rounds) + emitted
+        assert len(df) == sum(s.drafted for s in trace.rounds) + emitted
         assert set(df["kind"]) <= set(TOKEN_KINDS)
         thrown = df["kind"].isin(["rejected", "discarded"])
         out = df[~thrown]
@@ -96,7 +97,7 @@ def test_dataframe_one_row_per_event(tiny_target):
 
 def test_invariant_checker_catches_a_broken_trace(tiny_target):
     trace = traces(tiny_target)[0]
-    step = next(s for s in trace.rounds if s.k > s.n_accepted)
+    step = next(s for s in trace.rounds if s.drafted > s.n_accepted)
     step.verdicts[step.n_accepted].accepted = True  # no longer a prefix
     with pytest.raises(TraceError, match="round"):
         validate(trace)
@@ -132,6 +133,22 @@ def test_version_2_traces_load_with_rounds_and_typed_totals():
         assert Trace.from_dict(data).to_dict() == data
 
 
+def test_version_4_traces_load_with_drafted_for_what_was_k():
+    """A round's `k` was the tokens it drafted, which the policy's k need not be."""
+    path = ROOT / "tests" / "data" / "trace-v4-summarization-ngram-greedy.json"
+    old = json.loads(path.read_text())
+    assert old["version"] == 4 and all("k" in r and "drafted" not in r for r in old["rounds"])
+    trace = Trace.load(path)
+    validate(trace)
+    assert [r.drafted for r in trace.rounds] == [r["k"] for r in old["rounds"]]
+    assert {r.drafted for r in trace.rounds} > {trace.meta.policy.k}  # a short match drafts fewer
+    data = trace.to_dict()
+    assert data["version"] == TRACE_VERSION == 5
+    assert all("drafted" in r and "k" not in r for r in data["rounds"])
+    assert Trace.from_json(trace.to_json()).to_dict() == data
+    assert Trace.load(path).totals.proposed == sum(r["k"] for r in old["rounds"]) == old["totals"]["proposed"]
+
+
 def corrupt(data: dict, path: str, value) -> dict:
     data = json.loads(json.dumps(data))
     *keys, last = path.split(".")
@@ -145,7 +162,7 @@ def corrupt(data: dict, path: str, value) -> dict:
 @pytest.mark.parametrize(
     ("path", "value", "message"),
     [
-        ("steps.0.k", 9, "round 1: k is 9"),
+        ("steps.0.k", 9, "round 1: drafted is 9"),
         ("steps.3.n_accepted", -1, "round 4: n_accepted -1"),
         ("steps.0.draft.0.q", 7.5, "round 1: draft position 1: a draft token needs"),
         ("steps.3.draft.0.id", "x", "round 4: draft position 1"),
@@ -171,7 +188,7 @@ def test_a_corrupt_trace_is_refused_naming_its_first_problem(path, value, messag
 
 def test_a_discarded_token_with_numbers_is_refused():
     trace = Trace.load(V1_TRACE)
-    step = next(s for s in trace.rounds if s.k - s.n_accepted >= 2)
+    step = next(s for s in trace.rounds if s.drafted - s.n_accepted >= 2)
     step.verdicts[-1].p = 0.5
     with pytest.raises(TraceError, match="never judged"):
         validate(trace)
@@ -220,14 +237,14 @@ def test_where_a_round_turned_the_trace_keeps_both_top_fives(tiny_target, tiny_d
         trace = speculative_generate(
             tiny_target, prompt, ModelDraft(tiny_draft, 64, "tiny"), make_policy("fixed", 3), sampling, 30
         )
-        turned = [s for s in trace.rounds if s.n_accepted < s.k]
+        turned = [s for s in trace.rounds if s.n_accepted < s.drafted]
         assert turned
         for s in trace.rounds:
             probs = [t.prob for t in s.target_top]
             assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
             if sampling.greedy:  # the target's own token is its top choice
                 assert s.target_top[0].id == s.emitted.id
-            if s.n_accepted == s.k:  # a bonus: no draft distribution at that position
+            if s.n_accepted == s.drafted:  # a bonus: no draft distribution at that position
                 assert s.draft_top is None and s.residual_top is None
         for s in turned:
             rejected = s.draft[s.n_accepted]
@@ -257,10 +274,10 @@ def test_ngram_rounds_say_where_they_copied_from(tiny_target):
     )
     seq = list(prompt_ids)
     for s in trace.rounds:
-        if s.k:
+        if s.drafted:
             m = s.match
             assert seq[m.start - m.ngram : m.start] == seq[len(seq) - m.ngram :]  # the suffix it matched
-            assert [t.id for t in s.draft] == seq[m.start : m.start + s.k]  # what followed it
+            assert [t.id for t in s.draft] == seq[m.start : m.start + s.drafted]  # what followed it
         seq += trace.output.token_ids[len(seq) - len(prompt_ids) :][: s.new_tokens]
     first = next(i for i, s in enumerate(trace.rounds) if s.match and s.match.start < len(prompt_ids))
     html = timeline_html(trace, selected=first)

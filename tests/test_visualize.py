@@ -101,6 +101,18 @@ def test_timeline_escapes_and_colours_every_kind():
     assert "draft's probability q = 0.800" in tips and "chance to keep" in tips
 
 
+def test_a_round_label_says_what_it_drafted_not_k():
+    """k is what the policy asked for; a round's label counts the tokens it drafted."""
+    trace = hand_made()
+    trace.meta.policy = make_policy("fixed", 4)
+    labels = re.findall(r'<span class="sl-label">(#[^<]*)</span>', timeline_html(trace))
+    assert [label.split(" · ")[:2] for label in labels] == [
+        ["#1", "3 drafted"],
+        ["#2", "2 drafted"],
+        ["#3", "1 drafted"],
+    ]
+
+
 def test_timeline_upto_and_selected():
     html = timeline_html(hand_made(), upto=2, selected=1)
     assert html.count("data-round=") == 2
@@ -306,7 +318,7 @@ def test_round_sentences_in_markdown_escape_token_text():
 
 def test_a_round_that_drafted_nothing_is_the_target_alone_and_out_of_the_histogram():
     old = Trace.load(ROOT / "tests" / "data" / "trace-v2-summarization-ngram-greedy.json")
-    alone = [r for r in old.rounds if r.k == 0]
+    alone = [r for r in old.rounds if r.drafted == 0]
     assert alone and all(r.emitted.kind == "target" for r in alone)  # read as today's word
     validate(old)
     html = timeline_html(old)
@@ -504,7 +516,7 @@ def test_the_chat_template_unfolds_to_numbered_tokens_and_a_draft_copied_from_it
     assert re.findall(r'data-pos="(\d+)"', before[2]) == [str(i) for i in range(1, n + 1)]
     assert after[1].endswith(f"–{trace.meta.prompt_tokens}")  # the template after the typed text
     i, rnd = next((i, r) for i, r in enumerate(trace.rounds) if r.match and r.match.start < n)
-    copy = f"{rnd.match.start + 1}-{rnd.match.start + rnd.k}"
+    copy = f"{rnd.match.start + 1}-{rnd.match.start + rnd.drafted}"
     chip = re.search(
         rf'data-round="{i}".*?<span class="sl-tok sl-\w+" data-tip="([^"]*)"[^>]*data-copy="{copy}"',
         timeline_html(trace),
@@ -514,7 +526,7 @@ def test_the_chat_template_unfolds_to_numbered_tokens_and_a_draft_copied_from_it
     opened, _ = fold.findall(timeline_html(trace, selected=i))  # the round chosen: its source shown
     assert opened[0] == " open"
     marked = re.findall(r'<span class="sl-match-copy" data-pos="(\d+)"', opened[2])
-    assert marked == [str(p) for p in range(rnd.match.start + 1, rnd.match.start + rnd.k + 1)]
+    assert marked == [str(p) for p in range(rnd.match.start + 1, rnd.match.start + rnd.drafted + 1)]
 
 
 def test_a_round_of_one_token_is_told_in_the_singular():

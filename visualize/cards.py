@@ -97,7 +97,7 @@ def slower_because(trace: Trace) -> str:
             f"{total}, and its start made the difference. {start} After it, a round made {made:.2f} "
             f"tokens and cost {cost:.2f} plain target steps: ×{ratio:.2f} plain decoding's pace."
         )
-    drafted = [r for r in trace.rounds if r.k]
+    drafted = [r for r in trace.rounds if r.drafted]
     nothing = len(trace.rounds) - len(drafted)
     idle = f"; in {nothing} of {t.rounds} rounds the draft had nothing to propose" if nothing else ""
     return (

@@ -114,9 +114,9 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
 
 def accepted_length_histogram(trace: Trace) -> go.Figure:
     # A round that drafted nothing accepted nothing by no verdict of the target: it is left out.
-    drafted = [s for s in trace.rounds if s.k]
+    drafted = [s for s in trace.rounds if s.drafted]
     counts = Counter(s.n_accepted for s in drafted)
-    top = max([s.k for s in drafted] + [0])
+    top = max([s.drafted for s in drafted] + [0])
     xs = list(range(top + 1))
     fig = go.Figure(go.Bar(x=xs, y=[counts.get(x, 0) for x in xs], marker_color=COLORS["bonus"]))
     left_out = len(trace.rounds) - len(drafted)

@@ -57,7 +57,7 @@ def _explain_translation(rnd: Round, q: Callable[[str], str]) -> str:
             f" The draft has another tokenizer: it drew {own}, only from tokens whose text the "
             "target's vocabulary holds too, so each is one target token."
         )
-    checked = f"the {rnd.k} token{'s' * (rnd.k != 1)} checked"
+    checked = f"the {rnd.drafted} token{'s' * (rnd.drafted != 1)} checked"
     return (
         f" The draft has another tokenizer: it wrote {own}, which the target's tokenizer reads as {checked}."
     )
@@ -67,20 +67,22 @@ def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]
     head = f"Round {index + 1}: "
     drafted = [t.text for t in rnd.draft]
     e = rnd.emitted
-    if rnd.k == 0:
+    if rnd.drafted == 0:
         return head + f"the draft had nothing to propose, so the target wrote {q(e.text)} itself."
     proposed = (
         f"the draft proposed {len(drafted)} token{'s' * (len(drafted) != 1)} ({', '.join(map(q, drafted))})"
     )
     n = rnd.n_accepted
-    if n == rnd.k:
+    if n == rnd.drafted:
         if e is None:
             ended = "kept it, and it" if n == 1 else "kept all of them, and the last one"
             return head + f"{proposed}; the target {ended} ended the text."
         kept = "kept it" if n == 1 else "kept all of them"
         return head + f"{proposed}; the target {kept} and added {q(e.text)} for free (a bonus token)."
     # One token proposed and refused: "kept none of them" would speak of several.
-    kept = f"kept {', '.join(map(q, drafted[:n]))}, " if n else "kept none of them, " if rnd.k > 1 else ""
+    kept = (
+        f"kept {', '.join(map(q, drafted[:n]))}, " if n else "kept none of them, " if rnd.drafted > 1 else ""
+    )
     bad, v = rnd.draft[n], rnd.verdicts[n]
     if greedy:
         why = (
@@ -97,7 +99,7 @@ def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]
         if greedy
         else f"so it drew {q(e.text)} from what p has left over q"
     )
-    after = rnd.k - n - 1
+    after = rnd.drafted - n - 1
     tail = (
         "; the draft token after it was discarded without being judged, since it followed a refused token"
         if after == 1

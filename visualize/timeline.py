@@ -75,7 +75,7 @@ def _top_lines(title: str, top: list[TopToken] | None, symbol: str) -> str:
 def _turn_lines(rnd: Round) -> str:
     """The distributions where the round turned: the target's, the draft's, the residual's."""
     lines = _top_lines("target's top 5 here", rnd.target_top, "p")
-    if rnd.n_accepted < rnd.k:
+    if rnd.n_accepted < rnd.drafted:
         if rnd.draft_top:
             lines += _top_lines("draft's top 5 here", rnd.draft_top, "q")
         elif rnd.translation is not None:
@@ -92,7 +92,7 @@ def _copied(rnd: Round, n_prompt: int) -> tuple[range, range] | None:
     m = rnd.match
     if m is None or m.start >= n_prompt:
         return None
-    return range(max(0, m.start - m.ngram), m.start), range(m.start, min(m.start + rnd.k, n_prompt))
+    return range(max(0, m.start - m.ngram), m.start), range(m.start, min(m.start + rnd.drafted, n_prompt))
 
 
 def _copy_attrs(rnd: Round, n_prompt: int) -> str:
@@ -112,7 +112,7 @@ def _match_line(rnd: Round, prompt_texts: list[str], typed: range) -> str:
     n_prompt = len(prompt_texts)
     key = "".join(prompt_texts[m.start - m.ngram : m.start]) if m.start <= n_prompt else ""
     where = (
-        f"prompt tokens {m.start + 1}–{m.start + rnd.k}"
+        f"prompt tokens {m.start + 1}–{m.start + rnd.drafted}"
         if m.start < n_prompt
         else f"the text written so far (output token {m.start - n_prompt + 1} on)"
     )
@@ -156,7 +156,7 @@ def _draft_chip(rnd: Round, j: int, prompt_texts: list[str], typed: range) -> st
 def _round_html(
     rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str], typed: range
 ) -> str:
-    chips = [_draft_chip(rnd, j, prompt_texts, typed) for j in range(rnd.k)]
+    chips = [_draft_chip(rnd, j, prompt_texts, typed) for j in range(rnd.drafted)]
     if rnd.emitted is not None:
         e = rnd.emitted
         tip = f"{KIND_LABELS[e.kind]}\ntarget's probability p = {_fmt(e.p)}" + _turn_lines(rnd)
@@ -164,8 +164,8 @@ def _round_html(
     cls = "sl-round sl-selected" if selected else "sl-round"
     timing = f" · {rnd.round_ms:.0f} ms" if rnd.round_ms else ""  # a simulated round took no time
     # A tree round shows its main line (the accepted path, then the best refused child).
-    shape = f"tree of {len(rnd.tree)}" if rnd.tree else f"k={rnd.k}"
-    if rnd.translation is not None:  # a draft with another tokenizer: k counts target tokens
+    shape = f"tree of {len(rnd.tree)}" if rnd.tree else f"{rnd.drafted} drafted"
+    if rnd.translation is not None:  # a draft with another tokenizer: `drafted` counts target tokens
         n = len(rnd.translation.ids)
         shape += f" from {n} draft token{'s' * (n != 1)}"
     if rnd.source:  # a draft of several sources: the one that drafted this round

@@ -47,7 +47,7 @@ def record_round(r: RoundResult, token_text: Callable[[int], str]) -> Round:
     ]
     verdicts += [Verdict(None, None, None, False, "discarded") for _ in range(n + 1, len(ids))]
     return Round(
-        k=len(ids),
+        drafted=len(ids),
         draft=[DraftToken(t, token_text(t), qi) for t, qi in zip(ids, proposal.q.tolist())],
         verdicts=verdicts,
         n_accepted=n,

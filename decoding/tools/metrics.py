@@ -262,12 +262,12 @@ def snapshot_of(traces: Iterable) -> Snapshot:
     per_pos: list[float] = []
     for trace in traces:
         for rnd in trace.rounds:
-            if rnd.k == 0:
+            if rnd.drafted == 0:
                 continue
             s.num_drafts += 1
-            s.num_draft_tokens += rnd.k
+            s.num_draft_tokens += rnd.drafted
             s.num_accepted_tokens += rnd.n_accepted
-            per_pos += [0.0] * (rnd.k - len(per_pos))
+            per_pos += [0.0] * (rnd.drafted - len(per_pos))
             for i in range(rnd.n_accepted):
                 per_pos[i] += 1
     s.per_pos = per_pos

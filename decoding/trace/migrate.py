@@ -31,3 +31,15 @@ def target_alone(data: dict[str, Any]) -> dict[str, Any]:
             r = r | {"emitted": emitted | {"kind": "target"}}
         rounds.append(r)
     return data | {"rounds": rounds}
+
+
+def drafted_not_k(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 to 4 trace called the tokens a round drafted its `k`, the name of what was
+    asked for."""
+    if not isinstance(data.get("rounds"), list):
+        return data  # malformed: the schema's reader says so
+    rounds = [
+        {("drafted" if key == "k" else key): value for key, value in r.items()} if isinstance(r, dict) else r
+        for r in data["rounds"]
+    ]
+    return data | {"rounds": rounds}

@@ -15,13 +15,14 @@ from ..errors import SpecLensError, TraceError
 from ..settings.policies import Policy
 from ..settings.sampling import Sampling
 from .fields import is_num, meta_problem
-from .migrate import rounds_not_steps, target_alone
+from .migrate import drafted_not_k, rounds_not_steps, target_alone
 
 TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bonus", "target")
 # 1: verdicts without `kind`, discarded tokens carried numbers. 2: kinds, top-5 lists, n-gram matches.
 # 3: "rounds" (not "steps"), `round_ms`, totals with `rounds` and `tokens_per_round`.
 # 4: a round that drafted nothing emits the target's own token as kind "target" (was "bonus").
-TRACE_VERSION = 4
+# 5: a round's `drafted` (was `k`): the tokens it drafted, which a policy may make fewer than its k.
+TRACE_VERSION = 5
 
 
 @dataclass
@@ -104,7 +105,9 @@ class Translation:
 
 @dataclass
 class Round:
-    k: int
+    # The tokens drafted (a tree round: its main line's); k is what the policy asked for,
+    # and a policy, the budget or a short n-gram match may draft fewer.
+    drafted: int
     draft: list[DraftToken]
     verdicts: list[Verdict]
     n_accepted: int
@@ -140,7 +143,7 @@ class Round:
     @property
     def checked(self) -> int:
         """Tokens the target's pass read: the last verified one and every drafted one."""
-        return 1 + (len(self.tree) if self.tree is not None else self.k)
+        return 1 + (len(self.tree) if self.tree is not None else self.drafted)
 
 
 def verdict_kind(position: int, n_accepted: int) -> str:
@@ -207,7 +210,7 @@ class Totals:
         return cls.of_counts(
             len(rounds),
             sum(r.new_tokens for r in rounds),
-            sum(r.k for r in rounds),
+            sum(r.drafted for r in rounds),
             sum(r.n_accepted for r in rounds),
             wall_s,
             draft_s=sum(r.draft_ms for r in rounds) / 1e3,
@@ -360,6 +363,8 @@ class Trace:
                 data = rounds_not_steps(data)
             if version < 4:
                 data = target_alone(data)
+            if version < 5:
+                data = drafted_not_k(data)
             baseline = data.get("baseline")
             rounds = [_round_from_dict(r) for r in data["rounds"]]
             totals = data.get("totals")
@@ -404,7 +409,7 @@ def _tops(rows: list[dict] | None) -> list[TopToken] | None:
 def _round_from_dict(s: dict[str, Any]) -> Round:
     emitted, match = s.get("emitted"), s.get("match")
     return Round(
-        k=s["k"],
+        drafted=s["drafted"],
         draft=[DraftToken(**t) for t in s["draft"]],
         verdicts=[Verdict(**v) for v in s["verdicts"]],
         n_accepted=s["n_accepted"],

@@ -28,7 +28,7 @@ def validate(trace: Trace) -> None:
     for key, value in (
         ("rounds", len(trace.rounds)),
         ("new_tokens", len(trace.output.token_ids)),
-        ("proposed", sum(r.k for r in trace.rounds)),
+        ("proposed", sum(r.drafted for r in trace.rounds)),
         ("accepted", sum(r.n_accepted for r in trace.rounds)),
     ):
         if getattr(trace.totals, key) != value:
@@ -53,8 +53,8 @@ def _parts_problem(trace: Trace) -> str | None:
 
 
 def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
-    if not is_int(s.k) or not is_int(s.n_accepted):
-        return "k and n_accepted must be whole numbers"
+    if not is_int(s.drafted) or not is_int(s.n_accepted):
+        return "drafted and n_accepted must be whole numbers"
     if not all(is_num(t) and t >= 0 for t in (s.draft_ms, s.verify_ms, s.round_ms)):
         return "draft_ms, verify_ms and round_ms must be numbers of milliseconds"
     for name in ("target_top", "draft_top", "residual_top"):
@@ -71,10 +71,10 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
         return problem
     if s.translation is not None and (problem := _translation_problem(s)):
         return problem
-    if not s.k == len(s.draft) == len(s.verdicts):
-        return f"k is {s.k} but it has {len(s.draft)} draft tokens and {len(s.verdicts)} verdicts"
-    if not 0 <= s.n_accepted <= s.k:
-        return f"n_accepted {s.n_accepted} is outside 0..{s.k}"
+    if not s.drafted == len(s.draft) == len(s.verdicts):
+        return f"drafted is {s.drafted} but it has {len(s.draft)} draft tokens and {len(s.verdicts)} verdicts"
+    if not 0 <= s.n_accepted <= s.drafted:
+        return f"n_accepted {s.n_accepted} is outside 0..{s.drafted}"
     for j, (tok, v) in enumerate(zip(s.draft, s.verdicts)):
         problem = _token_problem(tok, v, verdict_kind(j, s.n_accepted), sampled)
         if problem:
@@ -83,7 +83,7 @@ def _round_problem(s: Round, is_last: bool, sampled: bool) -> str | None:
         if s.n_accepted == 0 or not is_last:
             return "nothing was emitted, which only the last round may do after an accepted end of text"
         return None
-    expected = "target" if s.k == 0 else "bonus" if s.n_accepted == s.k else "correction"
+    expected = "target" if s.drafted == 0 else "bonus" if s.n_accepted == s.drafted else "correction"
     if s.emitted.kind != expected:
         return f"the emitted token is a {s.emitted.kind!r}, expected a {expected!r}"
     if not is_int(s.emitted.id) or not isinstance(s.emitted.text, str) or not is_prob(s.emitted.p):
@@ -101,8 +101,8 @@ def _translation_problem(s: Round) -> str | None:
         return f"translation mode must be 'text' or 'vocab', got {t.mode!r}"
     if not isinstance(t.sources, list):
         return "translation sources must be a list, one entry per drafted token"
-    if len(t.sources) != s.k:
-        return f"translation has sources for {len(t.sources)} tokens, but the round drafted {s.k}"
+    if len(t.sources) != s.drafted:
+        return f"translation has sources for {len(t.sources)} tokens, but the round drafted {s.drafted}"
     if not all(
         isinstance(src, list) and all(is_int(i) and 0 <= i < len(t.ids) for i in src) for src in t.sources
     ):
