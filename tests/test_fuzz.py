@@ -102,6 +102,10 @@ def render_or_refuse(text: str) -> None:
         "data-round",
         "data-step",
         "data-entropy",
+        "data-copy",
+        "data-key",
+        "data-pos",
+        "open",
         "style",
     }, found.attrs
 

@@ -106,7 +106,8 @@ GLOSSARY: dict[str, Term] = {
         ),
         Term(
             "time to first token",
-            "Seconds from the start of a run to its first output token: mostly the prompt's prefill.",
+            "Seconds from the start of a run to its first output token: the prompt's prefill, and for a "
+            "speculative run its first round too (the first draft and check).",
             ("time to first token", "TTFT", "ttft_s"),
         ),
         Term(
