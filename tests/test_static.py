@@ -138,3 +138,14 @@ def test_the_cpu_keeps_its_own_path(pair):
     assert not use_graphs(target, draft, 40, 4, None)
     assert not graphed(target) and isinstance(new_cache(target), StepCache)
     assert isinstance(new_cache(draft_model), StepCache)
+
+
+def test_a_draft_that_is_the_target_itself_keeps_its_own_cache(pair):
+    """The buffers are the model's: a second cache while the first holds them is the model's own."""
+    target, _ = pair
+    expected = autoregressive_generate(target, PROMPT, max_new_tokens=16).token_ids
+    draft = ModelDraft(target, 64, "itself")
+    static(target, draft)
+    assert isinstance(draft.cache, StaticCache) and not isinstance(new_cache(target), StaticCache)
+    trace = speculative_generate(target, PROMPT, draft, make_policy("fixed", 4), max_new_tokens=16)
+    assert trace.output.token_ids == expected and trace.totals.accepted > 0

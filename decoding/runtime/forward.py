@@ -17,8 +17,8 @@ Cache = DynamicCache | llama.StepCache | static.StaticCache
 
 
 def new_cache(model: torch.nn.Module) -> Cache:
-    if (runner := static.runner_of(model)) is not None:
-        return static.StaticCache(runner)
+    if (runner := static.runner_of(model)) is not None and (cache := runner.new_cache()) is not None:
+        return cache
     return llama.StepCache(model) if _lean(model) else DynamicCache(config=model.config)
 
 

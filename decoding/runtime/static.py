@@ -17,8 +17,10 @@ copies nothing: rows past it are masked out and overwritten later.
 is the other way round: it leaves the model's own forward) the same pass
 runs eagerly, op for op what the replay does. A prompt (more than
 `MAX_GRAPH_WIDTH` tokens) is written through the same pass eagerly: the
-prefill stays a single ordinary forward. One decoder at a time per model:
-the buffers are the model's, and a new cache starts them over.
+prefill stays a single ordinary forward. The buffers are the model's: while
+one cache holds them (a draft's, when the draft is the target's own model;
+another session's run), `forward.new_cache` gives the next one the model's
+own cache instead.
 
 The pass serves Llama-architecture models (SmolLM2, Qwen2-style ones);
 others keep their own forward.
@@ -26,6 +28,7 @@ others keep their own forward.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -100,6 +103,7 @@ class StaticRunner:
         self.graphs = graphs and model.lm_head.weight.device.type == "cuda"
         self.captured: dict[tuple, _Graph] = {}
         self.replays = 0
+        self.holder: weakref.ref | None = None  # the cache using the buffers
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._allocate(capacity)
 
@@ -127,6 +131,14 @@ class StaticRunner:
         self._allocate(max(need, 2 * self.capacity))
         self.keys[..., : keys.shape[-2], :] = keys
         self.values[..., : values.shape[-2], :] = values
+
+    def new_cache(self) -> StaticCache | None:
+        """A cache over the buffers, or None while another cache still holds them."""
+        if self.holder is not None and self.holder() is not None:
+            return None
+        cache = StaticCache(self)
+        self.holder = weakref.ref(cache)
+        return cache
 
     def tapped(self) -> tuple[int, ...]:
         """The layers with forward pre-hooks (a draft head's feature tap): their inputs are outputs of the pass."""

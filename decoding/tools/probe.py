@@ -19,6 +19,7 @@ from .. import costmodel
 from ..models.loading import LoadedModel
 from ..runtime.forward import crop, forward, new_cache
 from ..runtime.rowlinear import RowLinear, kernel_choices
+from ..runtime.static import drop_static, graphed, use_static, warm_up
 
 ROWS = (1, 2, 3, 5, 9, 17, 32, 64)  # 32 and 64: what several requests decoded together check
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
@@ -111,14 +112,20 @@ def steps_and_bandwidth(
     return steps, bandwidths
 
 
-def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
+def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS, graphs: bool = True) -> dict:
     """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them.
 
     `step_ms`, `limit_ms` and `bandwidth_gbs` are medians over the reps;
     `step_over_limit` is the median of each rep's step against that rep's limit.
+    On a GPU with `graphs`, the steps are replayed from CUDA graphs over a static cache, as a
+    run's are (decoding/runtime/static.py); `graphs` in the result says whether they were.
     """
     weight_bytes, params = matmul_weights(target.model)
     device = target.device
+    if graphs and device.type == "cuda" and use_static(target.model, CONTEXT + max(rows)) is not None:
+        warm_up(target.model, [(n, 0) for n in rows])
+    elif not graphs:
+        drop_static(target.model)
     peak = peak_gflops(8192 if device.type == "cuda" else 2048, device=device, dtype=target.dtype)
     steps, bandwidths = steps_and_bandwidth(target.model, rows)
 
@@ -133,6 +140,7 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
         "row_kernel": target.row_kernel,
         "kernel": kernel_choices() if target.row_kernel else {"build": "none"},
         "packed_output_layer": target.packed,
+        "graphs": graphed(target.model),
         "weight_bytes": weight_bytes,
         "bandwidth_gbs": round(bandwidth, 2),
         "peak_gflops": round(peak, 1),
