@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from .core.budget import RunStopped
+from .core.graphs import use_graphs
 from .core.plain import StopCheck, autoregressive_generate
 from .core.proposal import Draft
 from .core.speculative import iter_trace, untraced_generate
@@ -60,6 +61,9 @@ class RunConfig:
     device: str | None = _opt(None, "cpu, cuda, cuda:1 (default: best available)")
     dtype: str | None = _opt(None, "float32, bfloat16, float16 (default: by device)")
     compile: bool = _opt(False, "torch.compile the models (slow start, faster rounds)")
+    graphs: bool = _opt(
+        True, "on a GPU, replay each decode step from a CUDA graph over a static KV cache (docs/gpu.md)"
+    )
 
 
 def encode_prompt(target: LoadedModel, prompt: str, chat: bool) -> torch.Tensor:
@@ -139,6 +143,9 @@ def prepare(config: RunConfig, draft: Draft | None = None) -> PreparedRun:
         raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
     if tree is not None and not draft.drafts_trees:
         raise SpecLensError(f"a {draft.kind} draft cannot draft a token tree yet: set tree nodes to 0")
+    # Captured here, before anything is timed; inside the GPU call on ZeroGPU (docs/gpu.md).
+    k = config.k if config.policy == "fixed" else K_MAX
+    use_graphs(target.model, draft, prompt_ids.shape[1] + config.max_new_tokens, k, tree, config.graphs)
     text = token_texts(target.tokenizer)
     return PreparedRun(config, target, draft, prompt_ids, eos_ids(target.model, target.tokenizer), text, tree)
 

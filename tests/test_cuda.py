@@ -1,19 +1,26 @@
 """The decoder on a CUDA device: greedy chains and trees lossless, sampling and bfloat16 runs that
-hold together. Skipped where there is no CUDA (scripts/device-check.sh runs them where there is)."""
+hold together, and the same with each step replayed from a CUDA graph over a static cache
+(decoding/runtime/static.py). Skipped where there is no CUDA (scripts/device-check.sh runs them
+where there is)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import tiny_llama, tiny_model_folder
+from test_heads import random_head
 
-from decoding.api import RunConfig, generate
+from decoding.api import RunConfig, generate, prepare
+from decoding.core.graphs import use_graphs
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
 from decoding.core.tree import TreeShape
-from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
+from decoding.drafts import HeadDraft, LayerDraft, ModelDraft, NGramDraft
+from decoding.models import load_model
+from decoding.runtime.static import drop_static, runner_of
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
+from decoding.tools.probe import probe
 from decoding.trace import validate
 
 pytestmark = [
@@ -89,3 +96,75 @@ def test_a_bfloat16_run_through_the_api(tmp_path):
     validate(trace)
     assert trace.meta.device.startswith("cuda") and trace.meta.dtype == "bfloat16"
     assert trace.baseline is not None and 0 < trace.totals.new_tokens <= 16
+
+
+def graph_drafts(target, draft) -> dict:
+    """Every draft source the graphs serve: the target's own steps (n-gram), a separate model,
+    `layers:N` (their own graphs) and the head (the target's replayed pass feeds its features)."""
+    head = random_head(target, list(range(0, 64, 2)))
+    return {**drafts(target, draft), "head": HeadDraft(head, target, "h")}
+
+
+def graphs_on(target, d, k: int, tree: TreeShape | None = None) -> None:
+    assert use_graphs(target, d, len(PROMPT) + 40, k, tree)
+    d.reset()
+
+
+@pytest.fixture
+def fresh_pair():
+    # Models of their own: the static buffers and graphs are a model's.
+    target, draft = tiny_llama(seed=0).to("cuda"), tiny_llama(seed=1, layers=2).to("cuda")
+    yield target, draft
+    drop_static(target)
+    drop_static(draft)
+
+
+def test_graph_replayed_greedy_chains_and_trees_are_lossless(fresh_pair):
+    target, draft = fresh_pair
+    ids = torch.tensor([PROMPT], device="cuda")
+    expected = autoregressive_generate(target, ids, max_new_tokens=40).token_ids
+    for name, d in graph_drafts(target, draft).items():
+        for k, tree in ((1, None), (4, None), (3, TreeShape(8, 2))):
+            graphs_on(target, d, k, tree)
+            before = runner_of(target).replays
+            assert autoregressive_generate(target, ids, max_new_tokens=40).token_ids == expected
+            trace = speculative_generate(
+                target, ids, d, make_policy("fixed", k), max_new_tokens=40, tree=tree
+            )
+            assert trace.output.token_ids == expected, f"{name} k={k} {tree}"
+            validate(trace)
+            assert runner_of(target).replays > before + 40, name  # the steps were replays
+        if isinstance(d, ModelDraft):
+            assert runner_of(d.model).replays > 0, name
+
+
+def test_graph_replayed_sampling_draws_what_the_models_forward_draws(fresh_pair):
+    target, draft = fresh_pair
+    ids = torch.tensor([PROMPT], device="cuda")
+    sampling = Sampling(temperature=0.8, top_p=0.9, seed=3)
+    for name, tree in (("model", None), ("layers:2", TreeShape(8, 2))):
+        runs = []
+        for on in (False, True):
+            d = graph_drafts(target, draft)[name]
+            if on:
+                graphs_on(target, d, 4, tree)
+            trace = speculative_generate(
+                target, ids, d, make_policy("fixed", 4), sampling, max_new_tokens=30, tree=tree
+            )
+            runs.append(([r.n_accepted for r in trace.rounds], trace.output.token_ids))
+            drop_static(target)
+            drop_static(d.model)
+        assert runs[0] == runs[1], name
+
+
+def test_a_run_and_the_probe_say_whether_graphs_were_used(tmp_path):
+    folder = tiny_model_folder(tmp_path / "tiny")
+    other = tiny_model_folder(tmp_path / "draft", seed=1)
+    config = RunConfig(target=str(folder), draft=str(other), prompt="a b c a b", chat=False, device="cuda")
+    run = prepare(config)
+    assert runner_of(run.target.model).captured and runner_of(run.draft.model).captured  # before any run
+    target = load_model(str(folder), "cuda", None)
+    assert probe(target, rows=(1, 2))["graphs"] is True
+    assert probe(target, rows=(1, 2), graphs=False)["graphs"] is False
+    prepare(RunConfig(**{**config.__dict__, "graphs": False}))
+    assert runner_of(run.target.model) is None

@@ -1,8 +1,9 @@
 """One forward pass of a causal LM over new tokens, extending its KV cache.
 
 A Llama on the CPU takes SpecLens's own pass (`llama.py`, the default CPU
-mode); any other model its own forward. A model's cache comes from
-`new_cache`, which picks the kind its pass writes.
+mode); a model given static buffers (`static.py`, the GPU path) the static
+pass, replayed from CUDA graphs; any other model its own forward. A model's
+cache comes from `new_cache`, which picks the kind its pass writes.
 """
 
 from __future__ import annotations
@@ -10,10 +11,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from . import llama
+from . import llama, static
+
+Cache = DynamicCache | llama.StepCache | static.StaticCache
 
 
-def new_cache(model: torch.nn.Module) -> DynamicCache | llama.StepCache:
+def new_cache(model: torch.nn.Module) -> Cache:
+    if (runner := static.runner_of(model)) is not None and (cache := runner.new_cache()) is not None:
+        return cache
     return llama.StepCache(model) if _lean(model) else DynamicCache(config=model.config)
 
 
@@ -26,7 +31,7 @@ def _lean(model: torch.nn.Module) -> bool:
 def forward(
     model: torch.nn.Module,
     ids: torch.Tensor,
-    cache: DynamicCache | llama.StepCache,
+    cache: Cache,
     keep: int = 0,
     position_ids: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
@@ -38,6 +43,8 @@ def forward(
     A token tree passes its `position_ids` and an additive 4D `mask`
     ([1, 1, n, cached + n]); transformers uses such a mask as it is.
     """
+    if isinstance(cache, static.StaticCache):
+        return static.step(cache, ids, keep, position_ids, mask)
     if isinstance(cache, llama.StepCache):
         return llama.forward(model, ids, cache, keep, position_ids, mask)
     out = model(
@@ -51,7 +58,7 @@ def forward(
     return out.logits[0]
 
 
-def crop(cache: DynamicCache | llama.StepCache, length: int) -> None:
+def crop(cache: Cache, length: int) -> None:
     """Roll the cache back so that it holds the first `length` tokens."""
     extra = cache.get_seq_length() - length
     if extra > 0:

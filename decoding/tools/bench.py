@@ -32,6 +32,7 @@ from ..core.proposal import Draft
 from ..drafts import CrossTokenizerDraft, LayerDraft, ModelDraft, NGramDraft
 from ..drafts.suffix import SuffixCorpus, SuffixDraft
 from ..models.loading import LoadedModel
+from ..runtime.static import graphed
 from ..settings.environment import cpu_name
 from .prompts import read_prompts
 
@@ -57,6 +58,7 @@ CSV_COLUMNS = [
     "tokens_per_round_chain",
     "tps_chain",
     "tree_vs_chain",
+    "graphs",
 ]
 
 
@@ -164,6 +166,7 @@ def run_prompt(run: PreparedRun) -> dict:
         "tokens_per_round_chain": e.totals.tokens_per_round if e else math.nan,
         "tps_chain": e.totals.tokens_per_s if e else math.nan,
         "tree_vs_chain": tps_a / e.totals.tokens_per_s if e else math.nan,
+        "graphs": graphed(run.target.model),  # steps replayed from CUDA graphs (docs/gpu.md)
         "verify_ms": costmodel.verify_cost_ms([a, e] if e else [a]),
         "by_position": costmodel.acceptance_by_position(a),
         "t_target_ms": t_target_ms,
@@ -302,6 +305,7 @@ def write_results(
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "compiled": cfg.run.compile,
+        "graphs": graphed(target.model),
         "row_kernel": target.row_kernel,
         "packed_output_layer": target.packed,
         "versions": library_versions(),
@@ -314,6 +318,7 @@ def write_results(
     (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
     settings = (
         f"target `{cfg.run.target}` ({meta['dtype']}{', compiled' if cfg.run.compile else ''}"
+        f"{', CUDA graphs' if meta['graphs'] else ''}"
         f"{_linears(target)}), draft `{cfg.run.draft}`, "
         f"k={cfg.run.k} ({cfg.run.policy}){_tree(cfg.run)}, temperature {cfg.run.sampling.temperature}, {cfg.run.max_new_tokens} new tokens, "
         f"{meta['machine']}, {meta['date'][:10]}"

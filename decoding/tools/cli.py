@@ -107,6 +107,12 @@ def _add_tool_commands(sub) -> None:
     pr.add_argument("--device", default=None)
     pr.add_argument("--dtype", default=None)
     pr.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    pr.add_argument(
+        "--no-graphs",
+        dest="graphs",
+        action="store_false",
+        help="on a GPU, time the model's own forward instead of steps replayed from CUDA graphs",
+    )
     pr.add_argument("--alpha", type=float, default=0.7, help="acceptance assumed for the concurrency what-if")
     pr.add_argument(
         "--draft-cost", type=float, default=0.05, help="c assumed for the what-if (draft step / target step)"
@@ -392,7 +398,7 @@ def _probe(args: argparse.Namespace) -> int:
     if not (0 <= args.alpha < 1 and args.draft_cost >= 0):
         raise SpecLensError("--alpha must lie in 0..1 (below 1) and --draft-cost be 0 or more")
     target = load_model(args.target, args.device, args.dtype, args.compile)
-    found = measure(target)  # kept: the app's Theory tab opens on it
+    found = measure(target, graphs=args.graphs)  # kept: the app's Theory tab opens on it
     what_if = concurrency_what_if(verify_ratios(found), args.alpha, args.draft_cost)
     print(json.dumps({**found, "concurrency": what_if}, indent=1))
     return 0

@@ -33,6 +33,7 @@ from ..runtime.forward import crop, forward, new_cache
 from ..runtime.rowlinear import RowLinear, kernel_choices
 from ..settings.environment import cache_dir
 from .bench import machine
+from ..runtime.static import drop_static, graphed, use_static, warm_up
 
 ROWS = (1, 2, 3, 5, 9, 17, 32, 64)  # 32 and 64: what several requests decoded together check
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
@@ -125,14 +126,20 @@ def steps_and_bandwidth(
     return steps, bandwidths
 
 
-def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
+def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS, graphs: bool = True) -> dict:
     """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them.
 
     `step_ms`, `limit_ms` and `bandwidth_gbs` are medians over the reps;
     `step_over_limit` is the median of each rep's step against that rep's limit.
+    On a GPU with `graphs`, the steps are replayed from CUDA graphs over a static cache, as a
+    run's are (decoding/runtime/static.py); `graphs` in the result says whether they were.
     """
     weight_bytes, params = matmul_weights(target.model)
     device = target.device
+    if graphs and device.type == "cuda" and use_static(target.model, CONTEXT + max(rows)) is not None:
+        warm_up(target.model, [(n, 0) for n in rows])
+    elif not graphs:
+        drop_static(target.model)
     peak = peak_gflops(8192 if device.type == "cuda" else 2048, device=device, dtype=target.dtype)
     steps, bandwidths = steps_and_bandwidth(target.model, rows)
 
@@ -147,6 +154,7 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS) -> dict:
         "row_kernel": target.row_kernel,
         "kernel": kernel_choices() if target.row_kernel else {"build": "none"},
         "packed_output_layer": target.packed,
+        "graphs": graphed(target.model),
         "weight_bytes": weight_bytes,
         "bandwidth_gbs": round(bandwidth, 2),
         "peak_gflops": round(peak, 1),
@@ -170,9 +178,9 @@ def cache_file(target: str, device: torch.device, dtype: torch.dtype, compiled: 
     return cache_dir() / "probe" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def measure(target: LoadedModel) -> dict:
+def measure(target: LoadedModel, graphs: bool = True) -> dict:
     """`probe`, with the machine and the time, kept where `cached` finds it."""
-    found = probe(target) | {
+    found = probe(target, graphs=graphs) | {
         "machine": machine(),
         "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
