@@ -31,9 +31,9 @@ from ..errors import SpecLensError
 from ..models.loading import LoadedModel, pick_device, pick_dtype
 from ..runtime.forward import crop, forward, new_cache
 from ..runtime.rowlinear import RowLinear, kernel_choices
+from ..runtime.static import drop_static, graphed, use_static, warm_up
 from ..settings.environment import cache_dir
 from .bench import machine
-from ..runtime.static import drop_static, graphed, use_static, warm_up
 
 ROWS = (1, 2, 3, 5, 9, 17, 32, 64)  # 32 and 64: what several requests decoded together check
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
