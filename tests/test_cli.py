@@ -47,7 +47,7 @@ def test_generate_end_to_end_subprocess(tmp_path, smol):
     assert set(data["baseline"]) >= {"text", "token_ids", "wall_s", "tokens_per_s"}
     step = data["rounds"][1]
     assert set(step) >= {
-        "k",
+        "drafted",
         "draft",
         "verdicts",
         "n_accepted",
