@@ -269,24 +269,7 @@ def sweep_tab(settings: dict) -> None:
             value="0, 4, 8, 16", label="Tree sizes N (0 = the chain)", elem_id="tree-sizes"
         )
         inputs["repeats"] = gr.Slider(1, MAX_REPEATS, value=3, step=1, label="Repeats", elem_id="repeats")
-    with gr.Row():
-        inputs["workload"] = gr.Dropdown(
-            h.workload_choices(),
-            value=h.EVERY_CATEGORY,
-            label="Workload (k over a workload)",
-            elem_id="workload",
-        )
-        inputs["workload_file"] = gr.File(
-            label=f"…or your own JSONL of prompts (optional 'category'; up to {h.MAX_WORKLOAD_PROMPTS})",
-            file_types=[".jsonl"],
-            elem_id="workload-file",
-        )
-    inputs["sources"] = gr.CheckboxGroup(
-        list(h.DRAFT_SOURCES),
-        value=list(h.DRAFT_SOURCES)[:3],
-        label="Draft sources (draft sources: each against plain runs of its own; N and the model from the left)",
-        elem_id="sources",
-    )
+    inputs |= _workload_and_sources()
     with gr.Row():
         button = gr.Button("Sweep", variant="primary", elem_id="sweep")
         stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
@@ -307,6 +290,30 @@ def sweep_tab(settings: dict) -> None:
     _while_running(
         button, stop, (h.check_sweep, h.run_sweep), _wire(inputs, h.SWEEP_INPUTS), outputs, "sweep", cleared
     )
+
+
+def _workload_and_sources() -> dict[str, gr.components.Component]:
+    """The Sweep tab's other subjects: a workload (a category or your JSONL), or draft sources."""
+    found = {}
+    with gr.Row():
+        found["workload"] = gr.Dropdown(
+            h.workload_choices(),
+            value=h.EVERY_CATEGORY,
+            label="Workload (k over a workload)",
+            elem_id="workload",
+        )
+        found["workload_file"] = gr.File(
+            label=f"…or your own JSONL of prompts (optional 'category'; up to {h.MAX_WORKLOAD_PROMPTS})",
+            file_types=[".jsonl"],
+            elem_id="workload-file",
+        )
+    found["sources"] = gr.CheckboxGroup(
+        list(h.DRAFT_SOURCES),
+        value=list(h.DRAFT_SOURCES)[:3],
+        label="Draft sources (draft sources: each against plain runs of its own; N and the model from the left)",
+        elem_id="sources",
+    )
+    return found
 
 
 def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
