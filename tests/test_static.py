@@ -149,3 +149,14 @@ def test_a_draft_that_is_the_target_itself_keeps_its_own_cache(pair):
     assert isinstance(draft.cache, StaticCache) and not isinstance(new_cache(target), StaticCache)
     trace = speculative_generate(target, PROMPT, draft, make_policy("fixed", 4), max_new_tokens=16)
     assert trace.output.token_ids == expected and trace.totals.accepted > 0
+
+
+def test_a_draft_model_keeps_its_buffers_from_run_to_run(pair):
+    """A draft's cache from the last run lets go of the buffers when the next run starts, so every
+    run drafts over them (and, on a GPU, over the graphs captured for them)."""
+    target, draft_model = pair
+    draft = ModelDraft(draft_model, 64, "d")
+    static(target, draft)
+    for _ in range(2):
+        speculative_generate(target, PROMPT, draft, make_policy("fixed", 3), max_new_tokens=6)
+        assert isinstance(draft.cache, StaticCache) and draft.cache.get_seq_length() > 0

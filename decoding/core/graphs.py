@@ -38,6 +38,8 @@ def use_graphs(
     widest = max(min(k, K_MAX) + 1, tree.nodes + 1 if tree else 0)
     if use_static(target, capacity) is not None:
         warm_up(target, [(n, 0) for n in range(1, widest + 1)])
+    if len(models) > 1:
+        draft.reset()  # the last run's cache lets go of the model's buffers
     if len(models) > 1 and use_static(models[1], capacity) is not None:
         # A draft model reads one token (two after a round that kept all), its last row kept;
         # a tree's levels are as wide as its branch factor, every row kept.

@@ -23,6 +23,7 @@ class ModelDraft(Draft):
         self.reset()
 
     def reset(self) -> None:
+        self.cache = None  # first: a static cache holds its model's buffers (runtime/static.py)
         self.cache = new_cache(self.model)
 
     def propose(self, seq, k, sampling, generator, stop=None):

@@ -117,10 +117,17 @@ class StaticRunner:
         self.captured.clear()  # a graph reads the buffers it was captured over
         self.weights_at = weight.data_ptr()
 
+    def held(self) -> bool:
+        """Whether a cache with rows in it still holds the buffers (a run under way, or one whose
+        cache was kept): they are then neither reallocated nor written by a capture."""
+        cache = self.holder() if self.holder is not None else None
+        return cache is not None and cache.length > 0
+
     def fit(self, capacity: int) -> None:
         """Buffers of exactly `capacity` rows: attention reads all of them, masked, every step.
         Weights that moved (ZeroGPU places a model anew for each GPU call) are captured anew too."""
-        if capacity != self.capacity or self.model.lm_head.weight.data_ptr() != self.weights_at:
+        moved = self.model.lm_head.weight.data_ptr() != self.weights_at
+        if (capacity != self.capacity or moved) and not self.held():
             self._allocate(capacity)
 
     def grow(self, need: int) -> None:
@@ -144,10 +151,13 @@ class StaticRunner:
         """The layers with forward pre-hooks (a draft head's feature tap): their inputs are outputs of the pass."""
         return tuple(i for i, layer in enumerate(self.model.model.layers) if layer._forward_pre_hooks)
 
-    def run(self, ids, positions, slots, mask, keep: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The pass over given inputs: through a replayed graph where there is one for this width."""
+    def run(
+        self, ids, positions, slots, mask, keep: int, prompt: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The pass over given inputs: through a replayed graph of this width, captured on first
+        use, except for a `prompt` (nothing cached yet), which runs as it is."""
         n, taps = ids.shape[1], self.tapped()
-        if not self.graphs or n > MAX_GRAPH_WIDTH:
+        if not self.graphs or n > MAX_GRAPH_WIDTH or prompt:
             return _pass(self, ids, positions, slots, mask, keep, taps)
         g = self.captured.get((n, keep, taps))
         if g is None:
@@ -241,7 +251,7 @@ def warm_up(model: torch.nn.Module, widths: Iterable[tuple[int, int]]) -> None:
     """Capture each width (n tokens, logits for the last `keep` rows or all when 0) now,
     before anything is timed."""
     runner = runner_of(model)
-    if runner is None or not runner.graphs:
+    if runner is None or not runner.graphs or runner.held():
         return
     with torch.inference_mode():
         for n, keep in widths:
@@ -270,7 +280,7 @@ def step(
     else:  # a tree's additive mask over the cached rows and its own
         allowed[:, : past + n] = mask[0, 0] == 0
     keep = 0 if keep >= n else keep
-    logits, tapped = r.run(ids, positions, slots, allowed[None, None], keep)
+    logits, tapped = r.run(ids, positions, slots, allowed[None, None], keep, prompt=past == 0)
     cache.length = past + n
     for i, hidden in zip(r.tapped(), tapped, strict=True):
         _run_pre_hooks(r.model.model.layers[i], hidden)
