@@ -98,7 +98,9 @@ def slower_because(trace: Trace) -> str:
     nothing = len(trace.rounds) - len(drafted)
     idle = f"; in {nothing} of {t.rounds} rounds the draft had nothing to propose" if nothing else ""
     return (
-        f"{total}. The draft was right {t.acceptance_rate:.0%} of the time{idle}, so after the first "
+        # Tokens after a refusal are never judged: "right x% of the time" would count them as wrong.
+        f"{total}. The target kept {t.accepted} of the {t.proposed} draft tokens ({t.acceptance_rate:.0%}, "
+        f"those after a refusal never judged){idle}, so after the first "
         f"token a round made {made:.2f} tokens while it cost {cost:.2f} plain target steps (drafting, "
         f"checking, bookkeeping): ×{ratio:.2f} plain decoding's pace. {start}"
     )
