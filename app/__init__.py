@@ -1,1 +1,2 @@
-"""The Gradio UI: layout (`ui`), event handlers (`handlers`), example prompts."""
+"""The Gradio UI: the layout (`ui`), one module of handlers per tab (`tabs/`), what they share
+(`common`), example prompts."""

@@ -17,8 +17,9 @@ from visualize.glossary import glossary_html, glossary_script, terms_html
 from visualize.race import race_html
 from visualize.timeline import empty_timeline_html
 
-from . import handlers as h
+from . import common
 from .examples import example_prompts
+from .tabs import explore, production, replay, sweep, theory
 
 CSS_PATH = Path(__file__).resolve().parents[1] / "assets" / "speclens.css"
 JS_PATH = CSS_PATH.with_suffix(".js")
@@ -60,7 +61,7 @@ def pair_of(
 ) -> str:
     """The pair the sidebar's settings make now: an offered one, or OWN_PAIR once any of them differs."""
     try:
-        spec = h.draft_spec(source, n_layers, draft_model or "")
+        spec = common.draft_spec(source, n_layers, draft_model or "")
     except SpecLensError:  # no draft model named yet: no offered pair
         return OWN_PAIR
     return next((label for label, pair in offered.items() if pair == (target, spec)), OWN_PAIR)
@@ -68,7 +69,7 @@ def pair_of(
 
 def pair_controls(target: str, spec: str) -> tuple:
     """What choosing a pair sets: the target, and the draft source, N and draft model of its spec."""
-    source, n_layers, draft_model = h.spec_controls(spec)
+    source, n_layers, draft_model = common.spec_controls(spec)
     return target, source, gr.update() if n_layers is None else n_layers, draft_model
 
 
@@ -117,7 +118,7 @@ def build_demo() -> gr.Blocks:
 
 
 def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
-    """The models and decoding settings, keyed by the names in `handlers.SETTINGS`."""
+    """The models and decoding settings, keyed by the names in `common.SETTINGS`."""
     with gr.Sidebar(label="Models and decoding"):
         offered = pairs()
         pair = gr.Dropdown([*offered, OWN_PAIR], value=list(offered)[0], label="Model pair", elem_id="pair")
@@ -133,13 +134,13 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
     gr.on([c.change for c in draft], lambda *v: pair_of(offered, *v), draft, pair, api_visibility="private")
     gr.on(
         [s["target"].change, demo.load],
-        h.layer_range,
+        common.layer_range,
         [s["target"], s["n_layers"]],
         s["n_layers"],
         api_name="layer_range",
     )
     s["draft_source"].change(
-        h.draft_controls, s["draft_source"], [s["n_layers"], s["draft_model"]], api_visibility="private"
+        common.draft_controls, s["draft_source"], [s["n_layers"], s["draft_model"]], api_visibility="private"
     )
     s["policy"].change(
         lambda p: gr.update(visible=p in ("confidence", "entropy")),
@@ -164,7 +165,10 @@ def _setting_controls() -> dict[str, gr.components.Component]:
             elem_id="target",
         ),
         "draft_source": gr.Radio(
-            list(h.DRAFT_SOURCES), value=next(iter(h.DRAFT_SOURCES)), label="Draft source", elem_id="source"
+            list(common.DRAFT_SOURCES),
+            value=next(iter(common.DRAFT_SOURCES)),
+            label="Draft source",
+            elem_id="source",
         ),
         # The range follows the target's layer count once it is known.
         "n_layers": gr.Slider(
@@ -209,7 +213,9 @@ def _setting_controls() -> dict[str, gr.components.Component]:
 def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
     """One run: the streamed timeline, a round explained, cards, charts and downloads. It opens on
     an example run. Returns the run's trace, which the Production tab counts too."""
-    prompt = gr.Textbox(value=h.default_prompt(), lines=3, max_lines=6, label="Prompt", elem_id="prompt")
+    prompt = gr.Textbox(
+        value=explore.default_prompt(), lines=3, max_lines=6, label="Prompt", elem_id="prompt"
+    )
     with gr.Row(equal_height=True):
         compare = gr.Checkbox(value=True, label="Compare with plain decoding", min_width=160)
         run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
@@ -224,20 +230,22 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
     views["cards"] = gr.HTML(elem_id="cards")
     race = gr.HTML(race_html(None), elem_id="race")
     views["text"] = gr.Textbox(label="Output text", lines=4, elem_id="output")
-    views["charts"] = _figures(h.CHARTS)
+    views["charts"] = _figures(explore.CHARTS)
     with gr.Row():
         views["trace_json"] = gr.File(label="Trace JSON", elem_id="trace-json")
         views["trace_csv"] = gr.File(label="Token events CSV", elem_id="trace-csv")
     views["trace_state"] = gr.State()
-    outputs = _wire(views, h.EXPLORE_OUTPUTS)
-    demo.load(h.example_run, None, [*outputs, status], api_name="example_run")
-    inputs = _wire({**settings, "prompt": prompt, "compare": compare}, h.EXPLORE_INPUTS)
+    outputs = _wire(views, explore.EXPLORE_OUTPUTS)
+    demo.load(explore.example_run, None, [*outputs, status], api_name="example_run")
+    inputs = _wire({**settings, "prompt": prompt, "compare": compare}, explore.EXPLORE_INPUTS)
     # What showed the example (or the last run) clears when a run starts.
     cleared = {status: "", views["cards"]: "", views["timeline"]: empty_timeline_html("Decoding…")}
-    _while_running(run, stop, (h.check_explore, h.run_explore), inputs, outputs, "generate", cleared)
-    views["trace_state"].change(h.race_view, views["trace_state"], race, **PRIVATE)
+    _while_running(
+        run, stop, (explore.check_explore, explore.run_explore), inputs, outputs, "generate", cleared
+    )
+    views["trace_state"].change(explore.race_view, views["trace_state"], race, **PRIVATE)
     views["round_slider"].change(
-        h.explain_round,
+        explore.explain_round,
         [views["trace_state"], views["round_slider"]],
         [views["timeline"], views["sentence"], views["tree"]],
         api_name="explain_round",
@@ -261,7 +269,7 @@ def sweep_tab(settings: dict) -> None:
     }
     with gr.Row():
         inputs["sweep_over"] = gr.Radio(
-            list(h.SWEEP_OVER), value=h.SWEEP_OVER[0], label="Sweep over", elem_id="sweep-over"
+            list(sweep.SWEEP_OVER), value=sweep.SWEEP_OVER[0], label="Sweep over", elem_id="sweep-over"
         )
         inputs["k_from"] = gr.Slider(K_MIN, K_MAX, value=1, step=1, label="k from")
         inputs["k_to"] = gr.Slider(K_MIN, K_MAX, value=6, step=1, label="k to", elem_id="k-to")
@@ -288,7 +296,13 @@ def sweep_tab(settings: dict) -> None:
     cleared = {speedup_plot: None, accept_plot: None, table: None, csv: None, summary: "*Sweeping…*"}
     cleared[race] = gr.update(value="", visible=False)
     _while_running(
-        button, stop, (h.check_sweep, h.run_sweep), _wire(inputs, h.SWEEP_INPUTS), outputs, "sweep", cleared
+        button,
+        stop,
+        (sweep.check_sweep, sweep.run_sweep),
+        _wire(inputs, sweep.SWEEP_INPUTS),
+        outputs,
+        "sweep",
+        cleared,
     )
 
 
@@ -297,19 +311,19 @@ def _workload_and_sources() -> dict[str, gr.components.Component]:
     found = {}
     with gr.Row():
         found["workload"] = gr.Dropdown(
-            h.workload_choices(),
-            value=h.EVERY_CATEGORY,
+            sweep.workload_choices(),
+            value=sweep.EVERY_CATEGORY,
             label="Workload (k over a workload)",
             elem_id="workload",
         )
         found["workload_file"] = gr.File(
-            label=f"…or your own JSONL of prompts (optional 'category'; up to {h.MAX_WORKLOAD_PROMPTS})",
+            label=f"…or your own JSONL of prompts (optional 'category'; up to {sweep.MAX_WORKLOAD_PROMPTS})",
             file_types=[".jsonl"],
             elem_id="workload-file",
         )
     found["sources"] = gr.CheckboxGroup(
-        list(h.DRAFT_SOURCES),
-        value=list(h.DRAFT_SOURCES)[:3],
+        list(common.DRAFT_SOURCES),
+        value=list(common.DRAFT_SOURCES)[:3],
         label="Draft sources (draft sources: each against plain runs of its own; N and the model from the left)",
         elem_id="sources",
     )
@@ -335,27 +349,27 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     theory_text = gr.Markdown()
     theory_plot = gr.Plot(show_label=False)
     chain = [alpha, c, growth, gamma_max]
-    theory = (h.run_theory, [*chain, measured], [theory_plot, theory_text])
-    gr.on([x.change for x in chain], *theory, api_name="theory")
+    best_gamma = (theory.run_theory, [*chain, measured], [theory_plot, theory_text])
+    gr.on([x.change for x in chain], *best_gamma, api_name="theory")
     gr.Markdown("### Many requests at once")
     concurrency_text = gr.Markdown(elem_id="concurrency-text")
     concurrency_plot = gr.Plot(show_label=False, elem_id="concurrency-plot")
-    concurrency = (h.run_concurrency, [alpha, c, growth, measured], [concurrency_plot, concurrency_text])
+    concurrency = (theory.run_concurrency, [alpha, c, growth, measured], [concurrency_plot, concurrency_text])
     gr.on([alpha.change, c.change, growth.change], *concurrency, api_name="concurrency")
     # The charts open on what the probe measured here for the sidebar's target, where it did.
     opened = gr.on(
         [demo.load, target.change],
-        h.cached_verify,
+        theory.cached_verify,
         target,
         [measured, measured_text],
         api_name="cached_verify",
     )
-    checked = measure_btn.click(h.check_measure, target, None, **PRIVATE, **MODEL)
+    checked = measure_btn.click(theory.check_measure, target, None, **PRIVATE, **MODEL)
     measuring = checked.success(
-        h.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
+        theory.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
     )
     for found in (opened.then, measuring.success):
-        found(*theory, **PRIVATE)
+        found(*best_gamma, **PRIVATE)
         found(*concurrency, **PRIVATE)
     _tree_theory(demo, alpha, c, growth)
     _simulation(alpha)
@@ -376,7 +390,7 @@ def _tree_theory(demo: gr.Blocks, alpha, c, growth) -> None:
     inputs = [alpha, alpha2, branch, depth, c, growth]
     gr.on(
         [x.change for x in inputs] + [demo.load],
-        h.run_tree_theory,
+        theory.run_tree_theory,
         inputs,
         [plot, text],
         api_name="tree_theory",
@@ -394,7 +408,7 @@ def _simulation(alpha) -> None:
     sentence = gr.Markdown(elem_classes="sl-sentence")
     timeline = gr.HTML(empty_timeline_html("Press Simulate."), elem_id="sim-timeline")
     simulation = button.click(
-        h.run_simulation, [alpha, gamma, rounds, seed], [timeline, sentence], api_name="simulate"
+        theory.run_simulation, [alpha, gamma, rounds, seed], [timeline, sentence], api_name="simulate"
     )
     # No model behind it: cancelling the generator is all a stop needs.
     stop.click(None, None, None, cancels=[simulation], api_visibility="private")
@@ -406,7 +420,10 @@ def replay_tab(demo: gr.Blocks) -> None:
     with gr.Row():
         upload = gr.File(label="Trace JSON", file_types=[".json"], type="filepath", elem_id="upload")
         example = gr.Dropdown(
-            list(h.example_traces()), value=h.EXAMPLE_RUN, label="…or an example trace", elem_id="example"
+            list(common.example_traces()),
+            value=explore.EXAMPLE_RUN,
+            label="…or an example trace",
+            elem_id="example",
         )
         load_btn = gr.Button("Load", variant="primary", elem_id="load")
     with gr.Row():
@@ -417,13 +434,13 @@ def replay_tab(demo: gr.Blocks) -> None:
     tree = gr.Plot(show_label=False, elem_id="replay-tree", visible=False)
     timeline = gr.HTML(empty_timeline_html("Load a trace."), elem_id="replay-timeline")
     cards = gr.HTML()
-    figs = _figures(h.CHARTS)
+    figs = _figures(explore.CHARTS)
     state = gr.State()
     outputs = [state, step, timeline, sentence, tree, cards, *figs]
-    checked = load_btn.click(h.check_replay, [upload, example], None, **PRIVATE)
-    checked.success(h.load_replay, [upload, example], outputs, api_name="replay")
-    demo.load(h.load_replay, [upload, example], outputs, **PRIVATE)
-    step.change(h.replay_step, [state, step], [timeline, sentence, tree], api_name="replay_step")
+    checked = load_btn.click(replay.check_replay, [upload, example], None, **PRIVATE)
+    checked.success(replay.load_replay, [upload, example], outputs, api_name="replay")
+    demo.load(replay.load_replay, [upload, example], outputs, **PRIVATE)
+    step.change(replay.replay_step, [state, step], [timeline, sentence, tree], api_name="replay_step")
     # In the browser: a click counts from the round the page shows now, however fast they come
     # (a round trip per click would start from a value a click before it had already moved).
     prev_btn.click(None, step, step, js="(r) => Math.max(1, r - 1)", **PRIVATE)
@@ -469,10 +486,12 @@ def production_tab(trace_state: gr.State) -> None:
     page = gr.File(label="This SpecLens run as a metrics page", elem_id="prod-page")
     inputs = [url, page_a, page_b, c, b, trace_state]
     outputs = [positions, best_k, text, page]
-    checked = gr.on([button.click, c.release, b.release], h.check_production, inputs, None, **PRIVATE)
-    checked.success(h.run_production, inputs, outputs, api_name="production")
+    checked = gr.on(
+        [button.click, c.release, b.release], production.check_production, inputs, None, **PRIVATE
+    )
+    checked.success(production.run_production, inputs, outputs, api_name="production")
     example.click(
-        h.production_example,
+        production.production_example,
         [c, b, trace_state],
         [positions, best_k, text, page],
         api_name="production_example",
@@ -507,7 +526,7 @@ def _while_running(button, stop, check_and_run, inputs, outputs, api_name: str, 
     for step in (checked, run):
         step.failure(_enable, None, button, **PRIVATE)
     run.success(_enable, None, button, **PRIVATE)
-    stop.click(h.request_stop, None, None, queue=False, api_name=f"stop_{api_name}")
+    stop.click(common.request_stop, None, None, queue=False, api_name=f"stop_{api_name}")
 
 
 def _enable():

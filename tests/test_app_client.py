@@ -12,7 +12,7 @@ from conftest import ROOT
 from gradio_client import Client, handle_file
 from test_metrics import FakeVLLM, reply, serve
 
-from app import handlers
+from app import common
 from decoding import api
 from decoding.trace import Trace, validate
 
@@ -139,7 +139,7 @@ def test_bad_input_is_an_error_and_the_app_keeps_serving(client, over, message):
 
 
 def test_time_limit_stops_the_run_and_shows_what_it_has(client, monkeypatch):
-    monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
+    monkeypatch.setattr(common, "TIME_LIMIT_S", 0.0)
     timeline, text, cards, *figs, json_path, csv_path, round_update, sentence, tree = client.predict(
         **generate_args(), api_name="/generate"
     )
@@ -157,7 +157,7 @@ def test_the_time_limit_starts_at_the_first_round_not_at_loading(client, monkeyp
         time.sleep(3.0)  # a first conversion, say
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(handlers, "TIME_LIMIT_S", 2.5)
+    monkeypatch.setattr(common, "TIME_LIMIT_S", 2.5)
     monkeypatch.setattr(api, "load_model", slow_load)
     *_, json_path, _, _, _, _ = client.predict(
         **generate_args(max_new_tokens=8, compare=False), api_name="/generate"
@@ -183,7 +183,7 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
 
 
 def test_the_sweep_has_the_same_budget(client, monkeypatch):
-    monkeypatch.setattr(handlers, "TIME_LIMIT_S", 0.0)
+    monkeypatch.setattr(common, "TIME_LIMIT_S", 0.0)
     with pytest.raises(Exception, match="time limit"):
         client.predict(**sweep_args(draft_model=""), api_name="/sweep")
 

@@ -16,7 +16,8 @@ from conftest import ROOT, tiny_model_folder
 from huggingface_hub import constants as hub_constants
 from transformers import LlamaConfig
 
-from app.handlers import cached_verify, production_example, run_concurrency
+from app.tabs.production import production_example
+from app.tabs.theory import cached_verify, run_concurrency
 from decoding import costmodel
 from decoding.api import RunConfig
 from decoding.runtime.tuning import TUNED

@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from app.handlers import production_example
+from app.tabs.production import production_example
 from decoding import costmodel
 from decoding.core.speculative import speculative_generate
 from decoding.drafts import NGramDraft

@@ -20,7 +20,8 @@ from conftest import ROOT
 from gradio_client import Client, handle_file
 from test_app_client import generate_args, sweep_args
 
-from app import handlers
+from app import common
+from app.tabs import explore
 from decoding import api
 from decoding.drafts import NGramDraft
 from decoding.trace import Trace
@@ -113,10 +114,10 @@ def test_a_hundred_runs_in_one_process_keep_memory_and_files_flat(smol):
     args = list(generate_args(max_new_tokens=3, compare=False).values())
     samples = {}
     for n in range(1, 101):
-        *_, last = handlers.run_explore(*args)  # the final views
+        *_, last = explore.run_explore(*args)  # the final views
         assert Trace.from_dict(last[-4]).totals.new_tokens == 3  # trace_state, then slider, sentence, tree
         if n in (10, 100):
-            samples[n] = (rss_mb(), len(os.listdir("/proc/self/fd")), len(list(handlers.DOWNLOADS.iterdir())))
+            samples[n] = (rss_mb(), len(os.listdir("/proc/self/fd")), len(list(common.DOWNLOADS.iterdir())))
     (rss10, fds10, _), (rss100, fds100, dl100) = samples[10], samples[100]
     record(
         "soak",
@@ -134,11 +135,11 @@ def test_a_hundred_runs_in_one_process_keep_memory_and_files_flat(smol):
 
 
 def test_old_downloads_are_removed_and_new_ones_stay(tmp_path, monkeypatch):
-    monkeypatch.setattr(handlers, "DOWNLOADS", tmp_path / "downloads")
-    old = handlers.download_folder()
+    monkeypatch.setattr(common, "DOWNLOADS", tmp_path / "downloads")
+    old = common.download_folder()
     (old / "speclens-trace.json").write_text("{}")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
-    new = handlers.download_folder()
+    new = common.download_folder()
     assert not old.exists() and new.exists()
 
 
@@ -166,7 +167,7 @@ def test_a_run_that_fails_half_way_frees_its_slot(client, monkeypatch, fault, me
         client.predict(**generate_args(), api_name="/generate")
     monkeypatch.setattr(NGramDraft, "propose", real)
     *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new_tokens=4), api_name="/generate")
-    assert Trace.load(json_path).totals.new_tokens == 4 and not handlers._budgets
+    assert Trace.load(json_path).totals.new_tokens == 4 and not common._budgets
 
 
 def test_a_model_that_fails_to_load(client, monkeypatch):
@@ -191,9 +192,9 @@ def test_a_run_whose_page_goes_away_stops_and_frees_the_model(client):
         time.sleep(0.2)
     job.cancel()
     deadline = time.monotonic() + 30
-    while handlers._budgets and time.monotonic() < deadline:
+    while common._budgets and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not handlers._budgets, "the abandoned run is still running"
+    assert not common._budgets, "the abandoned run is still running"
     *_, json_path, _, _, _, _ = client.predict(**generate_args(max_new_tokens=4), api_name="/generate")
     assert Trace.load(json_path).totals.new_tokens == 4
 

@@ -14,7 +14,7 @@ from conftest import first_of
 from test_heads import random_head
 from test_sampling import ALPHA, chi2_pvalue
 
-from app.handlers import run_tree_theory
+from app.tabs.theory import run_tree_theory
 from decoding import costmodel
 from decoding.api import RunConfig, generate
 from decoding.core.plain import Clock, autoregressive_generate, prefill

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, tiny_model_folder
 
-from app.handlers import cached_verify, run_concurrency, run_theory, run_tree_theory
+from app.tabs.theory import cached_verify, run_concurrency, run_theory, run_tree_theory
 from decoding import costmodel
 from decoding.api import RunConfig, plain_baseline
 from decoding.core.speculative import speculative_generate

@@ -1,0 +1,259 @@
+"""What every tab's handlers share: a session's time budget and its Stop, a user's mistake as one
+message, the sidebar's settings read into a `RunConfig`, inputs passed by name, and downloads.
+
+Every handler turns a user's mistake into a `gr.Error` with a plain message; the worker keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from decoding.api import RunConfig
+from decoding.core.budget import RunBudget
+from decoding.errors import SpecLensError
+from decoding.models.loading import layer_count
+from decoding.models.paths import check_allowed
+from decoding.settings.sampling import Sampling
+from decoding.trace import Round, Trace, token_frame
+from visualize.tree import tree_figure
+
+log = logging.getLogger("speclens")
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+MAX_PROMPT_CHARS = 50_000  # beyond this no model here has the context anyway
+DOWNLOADS = Path(tempfile.gettempdir()) / "speclens-downloads"
+DOWNLOAD_MAX_AGE_S = 3600
+# Decoding time a request may take, counted from its first round (loading excluded),
+# for everything it runs: the speculative run, the comparison, every k of a sweep.
+TIME_LIMIT_S = float(os.environ.get("SPECLENS_TIME_LIMIT_S", "180"))
+DRAFT_SOURCES = {
+    "n-gram (prompt lookup)": "ngram",
+    "trained draft head (EAGLE-3)": "head",
+    "n-gram where the text repeats, else the head": "ngram+head",
+    "suffix decoding (this session's runs)": "suffix",
+    "first N layers of the target": "layers",
+    "separate draft model": "model",
+}
+# The sidebar's settings, named as RunConfig and Sampling name them (the draft is three controls:
+# its source, N for a layer draft, the model for a separate one). The page builds its controls
+# under these names and the handlers read them by these names.
+SETTINGS = (
+    *("target", "draft_source", "n_layers", "draft_model", "k", "tree_nodes", "branch", "policy"),
+    *("confidence", "temperature", "top_k", "top_p", "seed", "max_new_tokens"),
+)
+
+
+try:  # On ZeroGPU Spaces this asks for a GPU per call; elsewhere it does nothing.
+    import spaces
+
+    # The decoding budget plus a minute to load the models: ZeroGPU must not cut a run short.
+    gpu = spaces.GPU(duration=int(TIME_LIMIT_S) + 60)
+except ImportError:
+
+    def gpu(fn):
+        return fn
+
+
+_budgets: dict[str, RunBudget] = {}  # the running model-bound request of each browser session
+
+
+@contextlib.contextmanager
+def session_budget(request: gr.Request | None) -> Iterator[RunBudget]:
+    """A fresh budget for this session's request, findable by `request_stop` while it runs."""
+    key = getattr(request, "session_hash", None) or f"anonymous-{threading.get_ident()}"
+    budget = RunBudget(TIME_LIMIT_S)
+    _budgets[key] = budget
+    try:
+        yield budget
+    finally:
+        if _budgets.get(key) is budget:
+            del _budgets[key]
+
+
+def request_stop(request: gr.Request) -> None:
+    """Stop button: this session's run ends at its next round and shows what it has."""
+    budget = _budgets.get(request.session_hash)
+    if budget is not None:
+        budget.stop()
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Our own errors as they are; anything else as one line, logged in full here."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except SpecLensError as exc:
+        raise gr.Error(str(exc)) from None
+    except MemoryError:
+        raise gr.Error("out of memory: pick a smaller model or fewer tokens") from None
+    except SystemExit as exc:  # a library called exit() mid-run: this request ends, the server stays up
+        log.error("the decoder raised SystemExit(%s)", exc.code)
+        raise gr.Error(f"the decoder stopped ({type(exc).__name__}); run it again") from None
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfMemoryError":  # torch.cuda.OutOfMemoryError
+            raise gr.Error("the GPU ran out of memory: pick a smaller model or fewer tokens") from None
+        log.exception("unexpected error")
+        raise gr.Error(f"unexpected error: {type(exc).__name__}: {exc}") from None
+
+
+def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
+    kind = DRAFT_SOURCES.get(source)
+    if kind is None:
+        raise SpecLensError(f"unknown draft source '{source}'")
+    if kind == "layers":
+        return f"layers:{int(n_layers)}"
+    if kind == "model":
+        name = (draft_model or "").strip()
+        if not name:
+            raise SpecLensError("choose a draft model: a preset, a folder or a hub id of a smaller model")
+        check_allowed(name)
+        return name
+    return kind
+
+
+def spec_controls(spec: str) -> tuple[str, int | None, str | None]:
+    """The draft source, N and draft model that `draft_spec` turns into `spec` (None: not named)."""
+    kind, _, n = spec.partition(":")
+    sources = {name: label for label, name in DRAFT_SOURCES.items()}
+    if kind == "layers":
+        return sources["layers"], int(n), None
+    if spec in sources and spec not in ("layers", "model"):
+        return sources[spec], None, None
+    return sources["model"], None, spec
+
+
+def layer_range(target: str, n_layers: float):
+    """Bind the N slider to the target's own layer count (N must leave at least one layer out)."""
+    try:
+        check_allowed(target)
+    except SpecLensError:  # the run will say why; the slider stays as it is
+        return gr.update()
+    total = layer_count(target)
+    if not total or total < 2:
+        return gr.update()
+    return gr.update(maximum=total - 1, value=min(int(n_layers), total - 1))
+
+
+def draft_controls(source: str):
+    """Show N only for the layer draft and the model box only for a separate draft model."""
+    kind = DRAFT_SOURCES.get(source)
+    return gr.update(visible=kind == "layers"), gr.update(visible=kind == "model")
+
+
+def make_config(settings: Mapping[str, Any]) -> RunConfig:
+    """A run's settings, from the page's controls named as `SETTINGS` (and the prompt)."""
+    prompt = settings.get("prompt") or ""
+    if not prompt.strip():
+        raise SpecLensError("the prompt is empty: type something for the model to continue")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise SpecLensError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; shorten it")
+    target = (settings["target"] or "").strip()
+    check_allowed(target)
+    return RunConfig(
+        target=target,
+        draft=draft_spec(settings["draft_source"], settings["n_layers"], settings["draft_model"]),
+        k=int(settings["k"]),
+        tree_nodes=int(settings["tree_nodes"]),
+        branch=int(settings["branch"]),
+        policy=settings["policy"],
+        confidence=float(settings["confidence"]),
+        sampling=Sampling(
+            float(settings["temperature"]),
+            int(settings["top_k"]),
+            float(settings["top_p"]),
+            int(settings["seed"]),
+        ),
+        max_new_tokens=int(settings["max_new_tokens"]),
+        prompt=prompt,
+    )
+
+
+def by_name(names: tuple[str, ...]) -> Callable:
+    """Gradio hands a handler its inputs one by one; the decorated function takes them as one
+    mapping by name. The wrapper's signature lists the names, so Gradio's API (and gradio_client)
+    names each input as the page does."""
+
+    def wrap(fn: Callable) -> Callable:
+        extra = list(inspect.signature(fn).parameters.values())[1:]  # request, progress
+        positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        signature = inspect.Signature([inspect.Parameter(n, positional) for n in names] + extra)
+
+        def split(args: tuple, kwargs: dict) -> tuple[dict, dict]:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = bound.arguments
+            return {n: values[n] for n in names}, {p.name: values[p.name] for p in extra}
+
+        if inspect.isgeneratorfunction(fn):
+
+            def handler(*args, **kwargs):
+                settings, rest = split(args, kwargs)
+                yield from fn(settings, **rest)
+        else:
+
+            def handler(*args, **kwargs):
+                settings, rest = split(args, kwargs)
+                return fn(settings, **rest)
+
+        handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
+        handler.__signature__ = signature
+        # Gradio finds the request and progress parameters by their types.
+        hints = typing.get_type_hints(fn)
+        handler.__annotations__ = {p.name: hints[p.name] for p in extra if p.name in hints}
+        return handler
+
+    return wrap
+
+
+def download_folder() -> Path:
+    """A fresh folder for one request's downloads; those older than DOWNLOAD_MAX_AGE_S go first,
+    so a server that runs for days does not pile them up (Gradio cleans its own copies)."""
+    DOWNLOADS.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for old in DOWNLOADS.iterdir():
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > DOWNLOAD_MAX_AGE_S:
+                shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(dir=DOWNLOADS))
+
+
+def save_downloads(trace: Trace) -> tuple[str, str]:
+    folder = download_folder()
+    json_path, csv_path = folder / "speclens-trace.json", folder / "speclens-tokens.csv"
+    trace.save(json_path)
+    token_frame(trace).to_csv(csv_path, index=False)
+    return str(json_path), str(csv_path)
+
+
+def tree_view(rnd: Round | None, index: int = 0):
+    """A tree round's tree; a chain round has none, so the figure is hidden."""
+    if rnd is None or not rnd.tree:
+        return gr.update(value=None, visible=False)
+    return gr.update(value=tree_figure(rnd, index), visible=True)
+
+
+def round_slider(rounds: int):
+    """A slider over the rounds of a run; Gradio needs two values, so one round leaves it fixed."""
+    return gr.update(maximum=max(2, rounds), value=1, interactive=rounds > 1)
+
+
+@functools.cache
+def example_traces() -> dict[str, str]:
+    return {p.stem: str(p) for p in sorted((ASSETS / "traces").glob("*.json"))}

@@ -1,0 +1,67 @@
+"""Replay: a saved trace, checked, then stepped through round by round."""
+
+from __future__ import annotations
+
+import os
+
+from app.common import (
+    example_traces,
+    round_slider,
+    tree_view,
+    user_errors,
+)
+from decoding.errors import SpecLensError
+from decoding.trace import Trace, validate
+from visualize.cards import stats_html
+from visualize.charts import trace_figures
+from visualize.explain import explain_round_markdown
+from visualize.timeline import empty_timeline_html, timeline_html
+
+MAX_TRACE_BYTES = 20_000_000  # a 2,048-token run with every list filled is well under 5 MB
+
+
+def read_replay(upload: str | None, example: str | None) -> Trace:
+    """The uploaded trace, or the named example, checked: one line for anything that is not one."""
+    path = upload or example_traces().get(example or "")
+    if not path:
+        raise SpecLensError("upload a trace JSON or pick an example")
+    try:
+        if os.path.getsize(path) > MAX_TRACE_BYTES:
+            raise SpecLensError(f"that file is over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
+        trace = Trace.load(path)
+    except OSError as exc:
+        raise SpecLensError(f"cannot read that file: {exc}") from None
+    validate(trace)
+    if not trace.rounds:
+        raise SpecLensError("that trace has no rounds to replay")
+    return trace
+
+
+def check_replay(upload: str | None, example: str | None) -> None:
+    """Refuse a file that is not a trace before any view changes (see `check_explore`)."""
+    with user_errors():
+        read_replay(upload, example)
+
+
+def load_replay(upload: str | None, example: str | None):
+    with user_errors():
+        trace = read_replay(upload, example)
+        return (
+            trace.to_dict(),
+            round_slider(len(trace.rounds)),
+            *replay_views(trace, 1),
+            stats_html(trace),
+            *trace_figures(trace),
+        )
+
+
+def replay_views(trace: Trace, round_no: int) -> tuple:
+    i = min(max(round_no, 1), len(trace.rounds)) - 1
+    rnd = trace.rounds[i]
+    return timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(rnd, i), tree_view(rnd, i)
+
+
+def replay_step(trace_dict: dict | None, round_no: float):
+    if not trace_dict:
+        return empty_timeline_html("Load a trace first."), "", tree_view(None)
+    return replay_views(Trace.from_dict(trace_dict), int(round_no))
