@@ -77,6 +77,14 @@ def expected_speedup_tree(
     return expected_tokens_tree(ranks, depth, nodes) / (depth * c + 1 + verify_growth * nodes)
 
 
+def best_tree_size(
+    ranks: Sequence[float], depth: int, c: float, verify_growth: float, max_nodes: int = 32
+) -> tuple[int, list[float]]:
+    """The tree size N with the best expected speedup, and the speedup for N = 1..max_nodes."""
+    speedups = [expected_speedup_tree(ranks, depth, n, c, verify_growth) for n in range(1, max_nodes + 1)]
+    return 1 + max(range(max_nodes), key=speedups.__getitem__), speedups
+
+
 def verify_ratio_at(measured: dict[int, float], n: int) -> float:
     """V(n)/V(1) from the ratios measured at a few n (the probe's 1, 2, 3, 5, 9, 17): straight
     lines between them, and the last line's slope beyond the largest."""
@@ -214,3 +222,12 @@ def best_k_profile(
         for k in range(1, k_max + 1)
     ]
     return 1 + max(range(k_max), key=speedups.__getitem__), speedups
+
+
+def best_gamma(
+    alpha: float, draft_cost: float, verify_ratio: Callable[[int], float], gamma_max: int
+) -> tuple[int, list[float]]:
+    """The draft length with the best expected speedup when every drafted token is accepted with
+    probability α (position i with α^i), and the speedup for γ = 1..gamma_max."""
+    chain = [alpha**i for i in range(1, gamma_max + 1)]
+    return best_k_profile(chain, draft_cost, verify_ratio, gamma_max)

@@ -172,6 +172,20 @@ def test_cost_model_formulas():
     assert len(fig.data) == 3 and len(fig.data[0].x) == 8
 
 
+def test_the_best_draft_length_and_tree_size_are_the_formulas_best():
+    """Theory's picks come from the cost model: the γ (or N) whose predicted speedup is highest."""
+    verify = costmodel.linear_verify(0.1)
+    best, speedups = costmodel.best_gamma(0.8, 0.05, verify, 12)
+    by_formula = [costmodel.expected_speedup_measured(0.8, g, 1.0, 0.05, verify(g + 1)) for g in range(1, 13)]
+    assert speedups == pytest.approx(by_formula)
+    assert best == 1 + by_formula.index(max(by_formula)) and 1 < best < 12
+    assert costmodel.best_gamma(0.0, 0.5, verify, 6)[0] == 1  # nothing accepted: the shortest
+    ranks = costmodel.rank_acceptance(0.7, 0.15, 3)
+    size, tree = costmodel.best_tree_size(ranks, 4, 0.05, 0.02, max_nodes=20)
+    assert len(tree) == 20 and tree[size - 1] == max(tree)
+    assert tree[size - 1] == pytest.approx(costmodel.expected_speedup_tree(ranks, 4, size, 0.05, 0.02))
+
+
 def test_the_theory_tab_uses_this_machines_measured_verify_cost():
     measured = {1: 1.0, 2: 1.24, 3: 1.31, 5: 1.55, 9: 1.77, 17: 2.26}  # the probe's figures here
     assert costmodel.verify_ratio_at(measured, 4) == pytest.approx(1.43)  # between 3 and 5

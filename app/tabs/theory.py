@@ -31,13 +31,12 @@ NOT_MEASURED = (
 
 def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, measured: dict | None = None):
     """The best γ under the sliders' verify cost, or under this machine's when it was measured."""
-    gammas = range(1, int(gamma_max) + 1)
-
-    def verify(g: int) -> float:
-        return costmodel.verify_ratio_at(measured, g + 1) if measured else 1.0 + verify_growth * g
-
-    cost = [costmodel.expected_speedup_measured(alpha, g, 1.0, c, verify(g)) for g in gammas]
-    best = max(gammas, key=lambda g: cost[g - 1])
+    verify = (
+        (lambda n: costmodel.verify_ratio_at(measured, n))
+        if measured
+        else costmodel.linear_verify(verify_growth)
+    )
+    best, speedups = costmodel.best_gamma(alpha, c, verify, int(gamma_max))
     checking = (
         "checking γ+1 tokens costing what the probe measured on this machine"
         if measured
@@ -46,8 +45,8 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, m
     text = (
         f"With acceptance **α = {alpha:.2f}**, a draft step costing **c = {c:.2f}** target steps and {checking}, "
         f"the best draft length is **γ = {best}**: {costmodel.expected_tokens(alpha, best):.2f} tokens per "
-        f"round, ×{cost[best - 1]:.2f} faster than plain decoding."
-        + (" Below 1 means speculation costs more than it saves." if cost[best - 1] < 1 else "")
+        f"round, ×{speedups[best - 1]:.2f} faster than plain decoding."
+        + (" Below 1 means speculation costs more than it saves." if speedups[best - 1] < 1 else "")
     )
     return theory_figure(alpha, c, verify_growth, int(gamma_max), measured), text
 
@@ -117,9 +116,7 @@ def run_tree_theory(alpha: float, alpha2: float, branch: float, depth: float, c:
     """The best tree's expected tokens per round against its size, under the rank-acceptance model."""
     ranks = costmodel.rank_acceptance(alpha, alpha2, int(branch))
     depth = int(depth)
-    sizes = range(1, 33)
-    speedups = [costmodel.expected_speedup_tree(ranks, depth, n, c, verify_growth) for n in sizes]
-    best = max(sizes, key=lambda n: speedups[n - 1])
+    best, speedups = costmodel.best_tree_size(ranks, depth, c, verify_growth)
     tokens = costmodel.expected_tokens_tree(ranks, depth, best)
     chain = costmodel.expected_tokens(alpha, depth)
     text = (
