@@ -350,8 +350,10 @@ def test_acceptance_by_position_names_its_counts_and_greys_the_thin_ones():
     assert list(fig.data[0].text) == [f"n={n}" for n in judged]
     green, grey = "#2e9d5b", "#b8b8b8"
     assert list(fig.data[0].marker.color) == [green if n >= 5 else grey for n in judged]
+    assert list(fig.data[0].marker.pattern.shape) == ["" if n >= 5 else "/" for n in judged]
     thin = hand_made()  # one round: every position judged fewer than 5 times
-    assert set(trace_figures(thin)[0].data[0].marker.color) == {"#b8b8b8"}
+    bars = trace_figures(thin)[0].data[0].marker
+    assert set(bars.color) == {"#b8b8b8"} and set(bars.pattern.shape) == {"/"}  # never a solid full bar
 
 
 def timed(prefill_s: float, round_s: float, rounds: int, plain_first_s: float, plain_step_s: float) -> Trace:

@@ -98,6 +98,8 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
             textposition="outside",
             hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} accepted<extra></extra>",
             marker_color=[COLORS["accepted"] if r >= MIN_JUDGED else COLORS["discarded"] for _, r, _ in rows],
+            # Hatched, not solid: 1 of 1 accepted is a full bar that must not read as a measured 100%.
+            marker_pattern_shape=["" if r >= MIN_JUDGED else "/" for _, r, _ in rows],
         )
     )
     fig.update_yaxes(range=[0, 1.12])
@@ -106,7 +108,7 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
     return _layout(
         fig,
         "Acceptance by draft position",
-        f"draft position (judged tokens only, n of them; grey: fewer than {MIN_JUDGED})",
+        f"draft position (judged tokens only, n of them; hatched grey: fewer than {MIN_JUDGED})",
         "acceptance rate",
         whole_x=True,
     )
