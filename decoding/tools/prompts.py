@@ -14,10 +14,11 @@ def read_prompts(
     limit: int = 0,
     fits: Callable[[str], bool] | None = None,
     need_category: bool = True,
+    extra: tuple[str, ...] = (),
 ) -> list[dict]:
     """Rows of `category`, `question_id` and `prompt`: the first `limit` of each category (0: all);
     with `fits`, only prompts that fit the target. Without `need_category` a row needs only its
-    prompt (its category is then "")."""
+    prompt (its category is then ""). The `extra` fields a line holds are kept as they are."""
     if not path.is_file():
         raise SpecLensError(f"no prompts file at '{path}'")
     rows, seen = [], {}
@@ -25,16 +26,19 @@ def read_prompts(
     for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
-        category, prompt, question_id = _parse(line, need_category, f"{path}:{n}")
+        row = _parse(line, need_category, f"{path}:{n}")
+        category, prompt = row["category"], row["prompt"]
         if (not limit or seen.get(category, 0) < limit) and (fits is None or fits(prompt)):
             seen[category] = seen.get(category, 0) + 1
-            rows.append({"category": category, "question_id": question_id or n, "prompt": prompt})
+            kept = {"category": category, "question_id": row.get("question_id") or n, "prompt": prompt}
+            rows.append(kept | {name: row[name] for name in extra if name in row})
     if not rows:
         raise SpecLensError(f"'{path}' holds no prompts" + (" that fit the target's context" if fits else ""))
     return rows
 
 
-def _parse(line: str, need_category: bool, where: str) -> tuple[str, str, object]:
+def _parse(line: str, need_category: bool, where: str) -> dict:
+    """The line's object, its category set ("" where none is needed and none is given)."""
     expected = "a JSON object with category and prompt" if need_category else "a JSON object with a prompt"
     try:
         row = json.loads(line)
@@ -44,4 +48,4 @@ def _parse(line: str, need_category: bool, where: str) -> tuple[str, str, object
         raise SpecLensError(f"{where}: expected {expected}") from None
     if not isinstance(prompt, str):
         raise SpecLensError(f"{where}: expected {expected}")
-    return category, prompt, row.get("question_id")
+    return row | {"category": category}

@@ -180,10 +180,9 @@ def clean(items: Iterable[tuple[str, Item]], dev_prompts: Iterable[str]) -> tupl
 
 def read_training_rows(path: Path) -> list[dict]:
     """The rows of a training file: each a `prompt`, and a conversation's `messages` too."""
-    rows = read_prompts(path, need_category=False)
-    lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-    for row, line in zip(rows, lines):
-        messages = json.loads(line).get("messages")
+    rows = read_prompts(path, need_category=False, extra=("messages",))
+    for row in rows:
+        messages = row.get("messages")
         if messages is None:
             continue
         if not (
@@ -192,7 +191,6 @@ def read_training_rows(path: Path) -> list[dict]:
             and any(m["role"] == "assistant" for m in messages)
         ):
             raise SpecLensError(f"{path}: 'messages' must be a list of role/content turns with an answer")
-        row["messages"] = messages
     return rows
 
 
