@@ -288,6 +288,15 @@ def _what_the_app_opens_on(data: dict) -> None:
     assert list(best_k.data[0].y) == pytest.approx(measured)
 
 
+def test_every_command_prints_its_help():
+    """argparse formats help with %: a stray one breaks `--help` of its command only."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.choices and isinstance(a.choices, dict)).choices
+    assert "train-head" in commands
+    for name, sub in commands.items():
+        assert sub.format_help().startswith("usage:"), name
+
+
 def test_generate_bench_and_sweep_take_every_run_setting_the_same_way():
     """The flags come from RunConfig's fields: none is missing from a command, none lacks help."""
 

@@ -52,7 +52,7 @@ class TrainConfig:
     answer_tokens: int = 128
     sampled: int = 0  # sampled answers per prompt, besides the greedy one
     batch_size: int = 16
-    draft_vocab: int = 8192
+    draft_vocab: int = 16384
     steps: int = 3  # training-time-test depth
     epochs: int = 5
     max_sequences: int = 0  # sequences trained on in all, 0 = epochs × training sequences
