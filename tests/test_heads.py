@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,28 @@ def test_training_interrupted_midway_resumes_to_the_same_head(trained_tiny, tmp_
         figures["sequences_trained"] == 15
         and torch.load(checkpoint, weights_only=False)["state"]["seen"] == 15
     )
+
+
+def test_a_stage_ending_where_the_run_already_is_gives_its_best_head_without_training(trained_tiny, tmp_path):
+    """`--max-sequences` below what the checkpoint has seen: the best head so far, nothing trained."""
+    folder, _, work, _ = trained_tiny
+    target = load_model(str(folder), "cpu", "float32")
+    cfg = TrainConfig(answer_tokens=24, draft_vocab=20, lr=3e-3, max_sequences=12, eval_every=4)
+    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
+    data = training_sequences(
+        target.tokenizer, [{"prompt": p} for p in prompts],
+        generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64,
+    )  # fmt: skip
+    fit, held = heldout_split(data, 0.1, 0)
+    draft_ids, _ = draft_vocabulary(fit, target.vocab_size, 20)
+    checkpoint = tmp_path / "stages.pt"
+    assert train(new_head(target, draft_ids, 0), target, fit, held, cfg, checkpoint, stop_at=9) == {}
+    best = torch.load(checkpoint, weights_only=False)["state"]["best"]
+    head = new_head(target, draft_ids, 0)
+    figures = train(head, target, fit, held, replace(cfg, max_sequences=6), checkpoint)
+    assert figures == best["figures"] and figures["sequences_trained"] in (4, 8)  # measured at 4, 8
+    assert all(torch.equal(head.state_dict()[n], best["head"][n]) for n in best["head"])
+    assert torch.load(checkpoint, weights_only=False)["state"]["seen"] == 9  # nothing trained
 
 
 def test_the_draft_vocabulary_is_the_greedy_answers_most_frequent_tokens():

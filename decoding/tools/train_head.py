@@ -344,7 +344,8 @@ def train(
 ) -> dict:
     """Trains in place, one sequence a step, resuming from `checkpoint` wherever it stopped;
     measures `held` every `eval_every` sequences and at the end, and leaves the head at its
-    best measurement (the last one without held-out prompts). Returns that one's figures.
+    best measurement (the last one without held-out prompts). Returns that one's figures. Asked
+    for fewer sequences than the checkpoint has seen, it trains none and gives the best so far.
     `stop_at` stops after that many sequences with a checkpoint, as an interrupted run does."""
     embed = target.model.get_input_embeddings().weight.detach().float().cpu()
     label_rows = target.model.get_output_embeddings().weight.detach().float().cpu()[head.draft_ids]
@@ -389,6 +390,8 @@ def train(
     bar.close()
     if state["seen"] < total:
         return {}
+    if "head" not in state["best"]:  # a stage ended by a number the run had passed before measuring
+        measure(head, embed, held, label_rows, cfg, state, len(fit))
     head.load_state_dict(state["best"]["head"])
     head.eval()
     return state["best"]["figures"]
