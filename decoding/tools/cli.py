@@ -138,6 +138,12 @@ def _add_metrics_command(sub) -> None:
     )
 
 
+DRAFT_VOCAB_HELP = (
+    "tokens the head can propose (of what SmolLM2-135M writes on the dev prompts, the 16384 most "
+    "frequent in conversations cover 91%%, 8192 83%%: benchmarks/cpu-head-vocab)"
+)
+
+
 def _add_train_head_command(sub) -> None:
     t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for the target on its own answers")
     t.add_argument("--target", default="smollm2-135m")
@@ -162,13 +168,7 @@ def _add_train_head_command(sub) -> None:
         choices=["float32", "bfloat16"],
         help="generate the answers in this dtype (bfloat16: about twice as fast on CPUs with bf16 units)",
     )
-    t.add_argument(
-        "--draft-vocab",
-        type=int,
-        default=16384,
-        help="tokens the head can propose (of what SmolLM2-135M writes on the dev prompts, the "
-        "16384 most frequent in conversations cover 91%%, 8192 83%%: benchmarks/cpu-head-vocab)",
-    )
+    t.add_argument("--draft-vocab", type=int, default=16384, help=DRAFT_VOCAB_HELP)
     t.add_argument("--steps", type=int, default=3, help="training-time-test steps")
     t.add_argument(
         "--max-len",

@@ -351,12 +351,7 @@ def train(
     label_rows = target.model.get_output_embeddings().weight.detach().float().cpu()[head.draft_ids]
     total = cfg.max_sequences or cfg.epochs * len(fit)
     params, opt, sched = optimizer(head, cfg, total)
-    state = {"seen": 0, "sums": [[0, 0] for _ in range(cfg.steps)], "best": {"score": -1.0}}
-    if checkpoint.exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        for part, name in ((head, "head"), (opt, "opt"), (sched, "sched")):
-            part.load_state_dict(saved[name])
-        state = saved["state"]
+    state = resumed(checkpoint, {"head": head, "opt": opt, "sched": sched}, cfg.steps)
     tap = FeatureTap.on(target.model, head.c.aux_layers)
     # Measured again and again: computed once, and kept in half precision (long sequences are large).
     held = [halved(with_features(target, tap, d)) for d in held]
@@ -395,6 +390,16 @@ def train(
     head.load_state_dict(state["best"]["head"])
     head.eval()
     return state["best"]["figures"]
+
+
+def resumed(checkpoint: Path, parts: dict, steps: int) -> dict:
+    """The run's state where its checkpoint left it, `parts` loaded from it; a fresh state without one."""
+    if not checkpoint.exists():
+        return {"seen": 0, "sums": [[0, 0] for _ in range(steps)], "best": {"score": -1.0}}
+    saved = torch.load(checkpoint, weights_only=False)
+    for name, part in parts.items():
+        part.load_state_dict(saved[name])
+    return saved["state"]
 
 
 def learn(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
