@@ -324,7 +324,7 @@ def _workload_and_sources() -> dict[str, gr.components.Component]:
     found["sources"] = gr.CheckboxGroup(
         list(common.DRAFT_SOURCES),
         value=list(common.DRAFT_SOURCES)[:3],
-        label="Draft sources (draft sources: each against plain runs of its own; N and the model from the left)",
+        label="Draft sources (each against plain runs of its own, at the k, N and model on the left)",
         elem_id="sources",
     )
     return found

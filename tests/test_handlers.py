@@ -47,3 +47,15 @@ def test_pairs_name_a_target_and_a_draft_spec_that_the_sidebar_gives_back():
     sources = [common.spec_controls(spec)[0] for spec in specs]
     assert sorted(sources) == sorted(common.DRAFT_SOURCES)  # every source, each once
     assert [common.draft_spec(*common.spec_controls(spec)) for spec in specs] == specs
+
+
+def test_a_sweep_runs_at_the_sidebars_k_except_over_k():
+    """Comparing sources or tree sizes uses the sidebar's k; a sweep over k starts at "k from"."""
+    settings = {name: None for name in sweep.SWEEP_INPUTS} | {
+        "prompt": "Hello", "target": "smollm2-135m", "draft_source": list(common.DRAFT_SOURCES)[0],
+        "n_layers": 4, "draft_model": "", "k": 4, "tree_nodes": 0, "branch": 2, "policy": "fixed",
+        "confidence": 0.4, "temperature": 0, "top_k": 0, "top_p": 1, "seed": 0, "max_new_tokens": 16,
+        "k_from": 1, "k_to": 3, "tree_sizes": "4, 8", "repeats": 1,
+    }  # fmt: skip
+    ks = {over: sweep.sweep_plan(settings | {"sweep_over": over})[0].k for over in sweep.SWEEP_OVER}
+    assert ks == dict(zip(sweep.SWEEP_OVER, (1, 4, 1, 4)))

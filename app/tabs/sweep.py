@@ -78,8 +78,9 @@ def sweep_plan(settings: Mapping[str, Any]) -> tuple[RunConfig, list[int], str]:
     mode = {SWEEP_OVER[1]: "trees", SWEEP_OVER[2]: "workload", SWEEP_OVER[3]: "sources"}.get(
         settings["sweep_over"], "k"
     )
-    # Over trees: each size at the sidebar's k, from the chain up; over k: from lo up.
-    fixed = {"policy": "fixed", **({"tree_nodes": 0} if mode == "trees" else {"k": lo})}
+    # Over trees: each size at the sidebar's k, from the chain up; over k: from lo up; sources: the
+    # sidebar's k, as the sidebar's models and sampling.
+    fixed = {"policy": "fixed", **{"trees": {"tree_nodes": 0}, "sources": {}}.get(mode, {"k": lo})}
     values = parse_sizes(settings["tree_sizes"]) if mode == "trees" else list(range(lo, hi + 1))
     if mode == "workload":  # each run names its own prompt; the box's may be empty
         fixed["prompt"] = "-"
