@@ -634,3 +634,11 @@ def test_each_kind_has_one_colour_that_its_chips_bars_and_captions_share():
     assert f"{KIND_LABELS['correction']} ({KIND_COLOURS['correction']})" in caption
     assert f"{KIND_LABELS['accepted']} ({KIND_COLOURS['accepted']})" in caption
     assert "refused" not in caption.split("(amber)")[0]  # a refusal is named by the bar that stands for it
+
+
+def test_the_concurrency_text_says_when_speculation_never_pays():
+    """Nothing accepted: it does not pay even for one request, rather than "stops paying at B = 1"."""
+    _, text = run_concurrency(0.0, 0.5, 0.2)
+    assert "does not pay even alone" in text and "stops paying at k = 1 at B = 1" not in text
+    _, text = run_concurrency(0.8, 0.02, 0.0)
+    assert "does not pay" not in text

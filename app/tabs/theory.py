@@ -59,7 +59,9 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
 
     ks = range(1, 7)
     stops = {k: costmodel.break_even_concurrency(alpha, k, c, ratio) for k in ks}
-    paying = [f"k = {k} at B = {b}" for k, b in stops.items() if b is not None]
+    first = costmodel.CONCURRENCY[0]
+    never = [str(k) for k, b in stops.items() if b == first]
+    paying = [f"k = {k} at B = {b}" for k, b in stops.items() if b is not None and b != first]
     source = (
         "the step costs measured on this machine"
         if measured
@@ -68,11 +70,10 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
     text = (
         f"**Predicted** from {source} (not measured runs): B requests decoded together check B rows a step; "
         "speculating, B·(k+1). "
-        + (
-            f"Speculation stops paying at {', '.join(paying)}."
-            if paying
-            else f"Up to B = {costmodel.CONCURRENCY[-1]} it pays at every k."
-        )
+        + (f"At k = {', '.join(never)} it does not pay even alone." if never else "")
+        + (" " if never and paying else "")
+        + (f"Speculation stops paying at {', '.join(paying)}." if paying else "")
+        + ("" if never or paying else f"Up to B = {costmodel.CONCURRENCY[-1]} it pays at every k.")
         + ("" if measured else f" {NOT_MEASURED}")
     )
     return concurrency_figure(alpha, c, ratio, ks, bool(measured)), text
