@@ -62,6 +62,10 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
     first = costmodel.CONCURRENCY[0]
     never = [str(k) for k, b in stops.items() if b == first]
     paying = [f"k = {k} at B = {b}" for k, b in stops.items() if b is not None and b != first]
+    verdicts = [
+        *([f"At k = {', '.join(never)} it does not pay even alone."] if never else []),
+        *([f"Speculation stops paying at {', '.join(paying)}."] if paying else []),
+    ]
     source = (
         "the step costs measured on this machine"
         if measured
@@ -70,10 +74,7 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
     text = (
         f"**Predicted** from {source} (not measured runs): B requests decoded together check B rows a step; "
         "speculating, B·(k+1). "
-        + (f"At k = {', '.join(never)} it does not pay even alone." if never else "")
-        + (" " if never and paying else "")
-        + (f"Speculation stops paying at {', '.join(paying)}." if paying else "")
-        + ("" if never or paying else f"Up to B = {costmodel.CONCURRENCY[-1]} it pays at every k.")
+        + (" ".join(verdicts) or f"Up to B = {costmodel.CONCURRENCY[-1]} it pays at every k.")
         + ("" if measured else f" {NOT_MEASURED}")
     )
     return concurrency_figure(alpha, c, ratio, ks, bool(measured)), text
