@@ -29,6 +29,7 @@ from decoding.drafts.head import (
     HeadDraft,
     HeadKernel,
     load_head,
+    save_head,
 )
 from decoding.errors import SpecLensError
 from decoding.models.loading import load_model
@@ -166,6 +167,34 @@ def test_a_stage_ending_where_the_run_already_is_gives_its_best_head_without_tra
     assert figures == best["figures"] and figures["sequences_trained"] in (4, 8)  # measured at 4, 8
     assert all(torch.equal(head.state_dict()[n], best["head"][n]) for n in best["head"])
     assert torch.load(checkpoint, weights_only=False)["state"]["seen"] == 9  # nothing trained
+
+
+def test_a_head_started_from_another_keeps_its_layer_and_measures_it_first(trained_tiny, tmp_path, capsys):
+    """`--init-from`: the layer is the other head's, the vocabulary and output layer this run's own,
+    and the started head is measured before a sequence is trained (and kept if nothing beats it)."""
+    folder, out, work, _ = trained_tiny
+    target = load_model(str(folder), "cpu", "float32")
+    start = load_head(out, target.model, torch.device("cpu"), torch.float32)
+    draft_ids = torch.arange(3, 19)  # 16 tokens where the trained head has 20
+    head = new_head(target, draft_ids, 1, str(out))
+    for name, weight in start.state_dict().items():
+        if name.startswith(("fc.", "midlayer.", "norm.")):
+            assert torch.equal(head.state_dict()[name], weight), name
+    assert torch.equal(head.draft_ids, draft_ids)
+    assert torch.equal(head.lm_head.weight, target.model.get_output_embeddings().weight[draft_ids])
+    cfg = TrainConfig(answer_tokens=24, draft_vocab=16, max_sequences=2, eval_every=100, init_from=str(out))
+    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
+    data = training_sequences(
+        target.tokenizer, [{"prompt": p} for p in prompts],
+        generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64,
+    )  # fmt: skip
+    fit, held = heldout_split(data, 0.1, 0)
+    train(head, target, fit, held, cfg, tmp_path / "started.pt")
+    assert "after 0 sequences: held-out agreement" in capsys.readouterr().out
+    other = EagleHead(replace(HeadConfig.for_target(target.model.config, 16), aux_layers=(0, 1, 1)))
+    save_head(other, tmp_path / "other", {})
+    with pytest.raises(SpecLensError, match="reads layers"):
+        new_head(target, draft_ids, 1, str(tmp_path / "other"))
 
 
 def test_the_draft_vocabulary_is_the_greedy_answers_most_frequent_tokens():

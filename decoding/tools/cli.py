@@ -171,6 +171,13 @@ def _add_train_head_command(sub) -> None:
     t.add_argument("--draft-vocab", type=int, default=16384, help=DRAFT_VOCAB_HELP)
     t.add_argument("--steps", type=int, default=3, help="training-time-test steps")
     t.add_argument(
+        "--init-from",
+        default="",
+        metavar="HEAD",
+        help="start the head's layer from this head folder (e.g. assets/heads/smollm2-135m); "
+        "the vocabulary and output layer are still this run's",
+    )
+    t.add_argument(
         "--max-len",
         type=int,
         default=768,
@@ -429,6 +436,7 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         seed=args.seed,
         limit=args.limit,
         answer_dtype=args.answer_dtype,
+        init_from=args.init_from,
     )
     if min(cfg.answer_tokens, cfg.batch_size, cfg.draft_vocab, cfg.steps, cfg.epochs, cfg.eval_every) < 1:
         raise SpecLensError(

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..drafts.head import EagleHead, FeatureTap, HeadConfig, fingerprint, save_head
+from ..drafts.head import EagleHead, FeatureTap, HeadConfig, fingerprint, load_head, save_head
 from ..errors import SpecLensError
 from ..models.loading import LoadedModel
 from ..models.text import chat_text, eos_ids
@@ -67,6 +67,7 @@ class TrainConfig:
     max_len: int = 768  # tokens of prompt + answer kept (the end of longer ones)
     seed: int = 0
     limit: int = 0  # prompts used, 0 = all (CI's short run)
+    init_from: str = ""  # a head folder whose layer the head starts from ("" = random)
     answer_dtype: str = (
         "float32"  # the answers' generation may run in bfloat16, twice as fast where the CPU has it
     )
@@ -209,8 +210,9 @@ def halved(d: dict) -> dict:
 # --- stage 3: training --------------------------------------------------------
 
 
-def new_head(target: LoadedModel, draft_ids: torch.Tensor, seed: int) -> EagleHead:
-    """A head with EAGLE-3's shape for the target, its output layer started from the target's rows."""
+def new_head(target: LoadedModel, draft_ids: torch.Tensor, seed: int, init_from: str = "") -> EagleHead:
+    """A head with EAGLE-3's shape for the target, its output layer started from the target's rows;
+    with `init_from`, its layer (fc, midlayer, norm) starts as that head folder's."""
     torch.manual_seed(seed)
     c = HeadConfig.for_target(target.model.config, len(draft_ids))
     head = EagleHead(c)
@@ -223,7 +225,22 @@ def new_head(target: LoadedModel, draft_ids: torch.Tensor, seed: int) -> EagleHe
         head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
         head.t2d.zero_()
         head.t2d[draft_ids] = True
+    if init_from:
+        start = load_head(init_from, target.model, torch.device("cpu"), torch.float32)
+        head.load_state_dict(started_layer(head, start))
     return head
+
+
+def started_layer(head: EagleHead, start: EagleHead) -> dict[str, torch.Tensor]:
+    """`head`'s weights with `start`'s layer in place of its own. The vocabulary and output layer
+    stay `head`'s: both heads' output layers are the target's own rows, so the layer's output
+    means the same to either, whatever tokens each drafts."""
+    if start.c.aux_layers != head.c.aux_layers:
+        raise SpecLensError(
+            f"--init-from's head reads layers {list(start.c.aux_layers)}, this run's {list(head.c.aux_layers)}"
+        )
+    layer = {n: t for n, t in start.state_dict().items() if n.split(".")[0] in ("fc", "midlayer", "norm")}
+    return head.state_dict() | layer
 
 
 def ttt_unroll(
@@ -355,6 +372,8 @@ def train(
     tap = FeatureTap.on(target.model, head.c.aux_layers)
     # Measured again and again: computed once, and kept in half precision (long sequences are large).
     held = [halved(with_features(target, tap, d)) for d in held]
+    if cfg.init_from and state["seen"] == 0:  # where the started head stands, kept if nothing beats it
+        measure(head, embed, held, label_rows, cfg, state, len(fit))
     end = min(total, stop_at or total)
     saved_at = time.monotonic()
     bar = tqdm(total=total, initial=state["seen"], desc="train", unit="seq", disable=state["seen"] >= end)
@@ -480,7 +499,7 @@ def train_head(
     fit, held = heldout_split(data, cfg.holdout, cfg.seed)
     held = held[: cfg.heldout_max]
     draft_ids, coverage = draft_vocabulary(fit, target.vocab_size, cfg.draft_vocab)
-    head = new_head(target, draft_ids, cfg.seed)
+    head = new_head(target, draft_ids, cfg.seed, cfg.init_from)
     with stage_clock(work, "training"):
         figures = train(head, target, fit, held, cfg, work / "checkpoint.pt")
     tokens = sum(int(d["ids"].shape[0]) for d in fit)
@@ -522,6 +541,7 @@ def head_card(card: dict) -> str:
     s = card["settings"]
     sampled = f" and {s['sampled']} sampled at temperature 0.7 per prompt" if s["sampled"] else ""
     stages = ", ".join(f"{name} {minutes} min" for name, minutes in card["stage_minutes"].items())
+    started = f", its layer started from `{s['init_from']}`" if s.get("init_from") else ""
     return f"""# EAGLE-3 draft head for {card["target"]}, trained by SpecLens
 
 - Target: `{card["target"]}`, weights fingerprint `{card["fingerprint"]}` (a head is refused by any other weights)
@@ -529,7 +549,7 @@ def head_card(card: dict) -> str:
   vocabulary covering {card["draft_vocab_coverage"]:.1%} of the tokens of the target's greedy answers, `d2t`, `t2d`)
 - Data: {card["data"]}; the target's own answers of up to {s["answer_tokens"]} tokens, greedy{sampled}
   (self-distillation)
-- Training: EAGLE-3 training-time test over {s["steps"]} steps, {card["sequences_trained"]} sequences
+- Training: EAGLE-3 training-time test over {s["steps"]} steps{started}, {card["sequences_trained"]} sequences
   ({card["epochs"]} epochs), on {card["machine"]}, {card["date"]}; {stages}
 - Agreement with the target, by draft step (teacher-forced, on answers): {top1} on the
   training sequences since the previous measurement, {held} on prompts held out
