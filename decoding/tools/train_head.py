@@ -361,7 +361,8 @@ def train(
 ) -> dict:
     """Trains in place, one sequence a step, resuming from `checkpoint` wherever it stopped;
     measures `held` every `eval_every` sequences and at the end, and leaves the head at its
-    best measurement (the last one without held-out prompts). Returns that one's figures. Asked
+    best measurement (the last one without held-out prompts). Returns that one's figures, the
+    tokens trained on and every held-out measurement (`heldout_curve`). Asked
     for fewer sequences than the checkpoint has seen, it trains none and gives the best so far.
     `stop_at` stops after that many sequences with a checkpoint, as an interrupted run does."""
     embed = target.model.get_input_embeddings().weight.detach().float().cpu()
@@ -369,6 +370,8 @@ def train(
     total = cfg.max_sequences or cfg.epochs * len(fit)
     params, opt, sched = optimizer(head, cfg, total)
     state = resumed(checkpoint, {"head": head, "opt": opt, "sched": sched}, cfg.steps)
+    state.setdefault("tokens", 0)  # tokens of the sequences trained on
+    state.setdefault("curve", [])  # every held-out measurement, for the card
     tap = FeatureTap.on(target.model, head.c.aux_layers)
     # Measured again and again: computed once, and kept in half precision (long sequences are large).
     held = [halved(with_features(target, tap, d)) for d in held]
@@ -391,6 +394,7 @@ def train(
         for s, (agree, judged) in zip(state["sums"], counts):
             s[0], s[1] = s[0] + agree, s[1] + judged
         state["seen"] += 1
+        state["tokens"] += int(d["ids"].shape[0])
         bar.update(1)
         if state["seen"] % cfg.eval_every == 0 or state["seen"] == total:
             measure(head, embed, held, label_rows, cfg, state, len(fit))
@@ -408,7 +412,7 @@ def train(
         measure(head, embed, held, label_rows, cfg, state, len(fit))
     head.load_state_dict(state["best"]["head"])
     head.eval()
-    return state["best"]["figures"]
+    return state["best"]["figures"] | {"tokens_trained": state["tokens"], "heldout_curve": state["curve"]}
 
 
 def resumed(checkpoint: Path, parts: dict, steps: int) -> dict:
@@ -462,6 +466,7 @@ def measure(
     if held:
         figures["heldout_top1_by_step"] = agreement(head, embed, held, label_rows, cfg.steps)
         print(f"after {seen} sequences: held-out agreement by step {figures['heldout_top1_by_step']}")
+        state.setdefault("curve", []).append([seen, figures["heldout_top1_by_step"]])
         head.train()
     # Expected drafts accepted per round of `steps`, were the steps independent.
     score = sum(math.prod(figures.get("heldout_top1_by_step", [1])[: j + 1]) for j in range(cfg.steps))
@@ -550,13 +555,34 @@ def head_card(card: dict) -> str:
 - Data: {card["data"]}; the target's own answers of up to {s["answer_tokens"]} tokens, greedy{sampled}
   (self-distillation)
 - Training: EAGLE-3 training-time test over {s["steps"]} steps{started}, {card["sequences_trained"]} sequences
-  ({card["epochs"]} epochs), on {card["machine"]}, {card["date"]}; {stages}
+  ({card["epochs"]} epochs), on {card["machine"]}, {card["date"]}; {stages}{training_speed(card)}
 - Agreement with the target, by draft step (teacher-forced, on answers): {top1} on the
   training sequences since the previous measurement, {held} on prompts held out
-- Command:
+{agreement_curve(card.get("heldout_curve", []))}- Command:
 
       {card["command"]}
 
 Acceptance and speed on the dev prompts (never trained on) are measured by
 `python -m decoding bench --draft head`; see docs/trained-head.md.
 """
+
+
+def training_speed(card: dict) -> str:
+    """'; N tokens trained on, at T tokens/s' where the run counted them."""
+    minutes = card["stage_minutes"].get("training", 0)
+    tokens = card.get("tokens_trained", 0)
+    return (
+        f"; {tokens:,} tokens trained on, at {tokens / (60 * minutes):.0f} tokens/s"
+        if tokens and minutes
+        else ""
+    )
+
+
+def agreement_curve(curve: list) -> str:
+    """The held-out agreement at every measurement, one line each, for the card."""
+    if len(curve) < 2:
+        return ""
+    lines = [
+        f"  - after {seen:,} sequences: {', '.join(f'{a:.2f}' for a in by_step)}" for seen, by_step in curve
+    ]
+    return "- Held-out agreement by step at every measurement:\n" + "\n".join(lines) + "\n"
