@@ -658,6 +658,10 @@ def test_train_head_takes_conversations_and_prompts_in_one_file(tmp_path):
     assert sorted(answered) == [0, 1, 2, 3]  # conversations get no generated answer
     card = json.loads((out / "config.json").read_text())["speclens"]
     assert card["sequences_trained"] == 8
+    assert card["data"].startswith(
+        "train.jsonl: 4 conversations as written (4 windows of up to 768 tokens) and 4 prompts with the "
+        "target's own answers of up to 6 tokens (greedy: self-distillation); "
+    )
 
 
 def _drafted(trace) -> tuple[list, list]:

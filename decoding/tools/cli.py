@@ -143,6 +143,11 @@ DRAFT_VOCAB_HELP = (
     "frequent in conversations cover 91%%, 8192 83%%: benchmarks/cpu-head-vocab)"
 )
 
+INIT_FROM_HELP = (
+    "start the head's layer from this head folder (e.g. assets/heads/smollm2-135m); "
+    "the vocabulary and output layer are still this run's"
+)
+
 
 def _add_train_head_command(sub) -> None:
     t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for the target on its own answers")
@@ -156,9 +161,7 @@ def _add_train_head_command(sub) -> None:
     t.add_argument(
         "--out", type=Path, required=True, help="the head folder to write (e.g. assets/heads/smollm2-135m)"
     )
-    t.add_argument(
-        "--work", type=Path, help="where answers, features and checkpoints go (default: the model cache)"
-    )
+    t.add_argument("--work", type=Path, help="where answers and checkpoints go (default: the model cache)")
     t.add_argument("--answer-tokens", type=int, default=128, help="tokens per generated answer")
     t.add_argument("--sampled", type=int, default=0, help="sampled answers per prompt besides the greedy one")
     t.add_argument("--batch-size", type=int, default=16, help="answers generated at once")
@@ -170,13 +173,7 @@ def _add_train_head_command(sub) -> None:
     )
     t.add_argument("--draft-vocab", type=int, default=16384, help=DRAFT_VOCAB_HELP)
     t.add_argument("--steps", type=int, default=3, help="training-time-test steps")
-    t.add_argument(
-        "--init-from",
-        default="",
-        metavar="HEAD",
-        help="start the head's layer from this head folder (e.g. assets/heads/smollm2-135m); "
-        "the vocabulary and output layer are still this run's",
-    )
+    t.add_argument("--init-from", default="", metavar="HEAD", help=INIT_FROM_HELP)
     t.add_argument(
         "--max-len",
         type=int,

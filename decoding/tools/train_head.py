@@ -148,7 +148,15 @@ def training_sequences(tokenizer, rows: list[dict], answers: list[dict], max_len
             for start in range(0, len(ids) - 1, max_len):
                 window = slice(start, start + max_len)
                 if answer[window].any():
-                    out.append({"ids": ids[window], "answer": answer[window], "prompt": i, "variant": 0})
+                    out.append(
+                        {
+                            "ids": ids[window],
+                            "answer": answer[window],
+                            "prompt": i,
+                            "variant": 0,
+                            "written": True,
+                        }
+                    )
     return out
 
 
@@ -360,24 +368,24 @@ def train(
     stop_at: int | None = None,
 ) -> dict:
     """Trains in place, one sequence a step, resuming from `checkpoint` wherever it stopped;
-    measures `held` every `eval_every` sequences and at the end, and leaves the head at its
-    best measurement (the last one without held-out prompts). Returns that one's figures, the
-    tokens trained on and every held-out measurement (`heldout_curve`). Asked
-    for fewer sequences than the checkpoint has seen, it trains none and gives the best so far.
-    `stop_at` stops after that many sequences with a checkpoint, as an interrupted run does."""
+    measures `held` every `eval_every` sequences and at the end, and leaves the head at its best
+    measurement (the last one without held-out prompts). Returns that one's figures, the tokens
+    trained on and every measurement (`heldout_curve`). Asked for fewer sequences than the
+    checkpoint has seen, it trains none and gives the best so far. `stop_at` stops after that
+    many sequences with a checkpoint, as an interrupted run does."""
     embed = target.model.get_input_embeddings().weight.detach().float().cpu()
     label_rows = target.model.get_output_embeddings().weight.detach().float().cpu()[head.draft_ids]
     total = cfg.max_sequences or cfg.epochs * len(fit)
     params, opt, sched = optimizer(head, cfg, total)
     state = resumed(checkpoint, {"head": head, "opt": opt, "sched": sched}, cfg.steps)
-    state.setdefault("tokens", 0)  # tokens of the sequences trained on
-    state.setdefault("curve", [])  # every held-out measurement, for the card
     tap = FeatureTap.on(target.model, head.c.aux_layers)
-    # Measured again and again: computed once, and kept in half precision (long sequences are large).
-    held = [halved(with_features(target, tap, d)) for d in held]
+    end = min(total, stop_at or total)
+    # Measured again and again: computed once, in half precision (long sequences are large); not
+    # at all by a stage that only writes the best head so far.
+    skip = state["seen"] >= end and "head" in state["best"]
+    held = [] if skip else [halved(with_features(target, tap, d)) for d in held]
     if cfg.init_from and state["seen"] == 0:  # where the started head stands, kept if nothing beats it
         measure(head, embed, held, label_rows, cfg, state, len(fit))
-    end = min(total, stop_at or total)
     saved_at = time.monotonic()
     bar = tqdm(total=total, initial=state["seen"], desc="train", unit="seq", disable=state["seen"] >= end)
     while state["seen"] < end:
@@ -391,10 +399,7 @@ def train(
             learn(loss, opt, params)
             bar.set_postfix(loss=f"{loss.item():.2f}")
         sched.step()
-        for s, (agree, judged) in zip(state["sums"], counts):
-            s[0], s[1] = s[0] + agree, s[1] + judged
-        state["seen"] += 1
-        state["tokens"] += int(d["ids"].shape[0])
+        counted(state, counts, int(d["ids"].shape[0]))
         bar.update(1)
         if state["seen"] % cfg.eval_every == 0 or state["seen"] == total:
             measure(head, embed, held, label_rows, cfg, state, len(fit))
@@ -415,14 +420,30 @@ def train(
     return state["best"]["figures"] | {"tokens_trained": state["tokens"], "heldout_curve": state["curve"]}
 
 
+def counted(state: dict, counts: list[tuple[int, int]], tokens: int) -> None:
+    """One more sequence trained on: its tokens and its agreement by step added to the run's."""
+    for s, (agree, judged) in zip(state["sums"], counts):
+        s[0], s[1] = s[0] + agree, s[1] + judged
+    state["seen"] += 1
+    state["tokens"] += tokens
+
+
 def resumed(checkpoint: Path, parts: dict, steps: int) -> dict:
     """The run's state where its checkpoint left it, `parts` loaded from it; a fresh state without one."""
+    # `tokens` (trained on) and `curve` (every held-out measurement) are absent from older checkpoints.
+    fresh = {
+        "seen": 0,
+        "sums": [[0, 0] for _ in range(steps)],
+        "best": {"score": -1.0},
+        "tokens": 0,
+        "curve": [],
+    }
     if not checkpoint.exists():
-        return {"seen": 0, "sums": [[0, 0] for _ in range(steps)], "best": {"score": -1.0}}
+        return fresh
     saved = torch.load(checkpoint, weights_only=False)
     for name, part in parts.items():
         part.load_state_dict(saved[name])
-    return saved["state"]
+    return fresh | saved["state"]
 
 
 def learn(loss: torch.Tensor, opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
@@ -507,13 +528,11 @@ def train_head(
     head = new_head(target, draft_ids, cfg.seed, cfg.init_from)
     with stage_clock(work, "training"):
         figures = train(head, target, fit, held, cfg, work / "checkpoint.pt")
-    tokens = sum(int(d["ids"].shape[0]) for d in fit)
     card = {
         "target": target.name,
         "fingerprint": fingerprint(target.model),
         "command": command,
-        "data": f"{prompts_path.name}: {len({d['prompt'] for d in fit})} prompts, {len(fit)} sequences, "
-        f"{tokens} tokens ({len(held)} sequences of other prompts held out)",
+        "data": data_summary(prompts_path.name, fit, held, cfg),
         "date": _dt.date.today().isoformat(),
         "machine": machine(),
         "stage_minutes": json.loads((work / "stages.json").read_text()),
@@ -524,6 +543,30 @@ def train_head(
     save_head(head, out, card)
     (out / "README.md").write_text(head_card(card))
     return card
+
+
+def data_summary(name: str, fit: list[dict], held: list[dict], cfg: TrainConfig) -> str:
+    """What the head was trained on, for its card: conversations as written, prompts the target
+    answered, and the tokens and sequences of both."""
+    written = [d for d in fit if d.get("written")]
+    answered = [d for d in fit if not d.get("written")]
+    parts = []
+    if written:
+        conversations = len({d["prompt"] for d in written})
+        parts.append(
+            f"{conversations:,} conversations as written ({len(written):,} windows of up to {cfg.max_len:,} tokens)"
+        )
+    if answered:
+        sampled = f" and {cfg.sampled} sampled at temperature 0.7" if cfg.sampled else ""
+        parts.append(
+            f"{len({d['prompt'] for d in answered}):,} prompts with the target's own answers of up to "
+            f"{cfg.answer_tokens} tokens (greedy{sampled}: self-distillation)"
+        )
+    tokens = sum(int(d["ids"].shape[0]) for d in fit)
+    return (
+        f"{name}: {' and '.join(parts)}; {tokens:,} tokens in {len(fit):,} sequences "
+        f"({len(held)} sequences of other prompts held out)"
+    )
 
 
 @contextlib.contextmanager
@@ -544,7 +587,6 @@ def head_card(card: dict) -> str:
     top1 = ", ".join(f"{a:.2f}" for a in card.get("train_top1_by_step", []))
     held = ", ".join(f"{a:.2f}" for a in card.get("heldout_top1_by_step", [])) or "none"
     s = card["settings"]
-    sampled = f" and {s['sampled']} sampled at temperature 0.7 per prompt" if s["sampled"] else ""
     stages = ", ".join(f"{name} {minutes} min" for name, minutes in card["stage_minutes"].items())
     started = f", its layer started from `{s['init_from']}`" if s.get("init_from") else ""
     return f"""# EAGLE-3 draft head for {card["target"]}, trained by SpecLens
@@ -552,8 +594,7 @@ def head_card(card: dict) -> str:
 - Target: `{card["target"]}`, weights fingerprint `{card["fingerprint"]}` (a head is refused by any other weights)
 - Layout: EAGLE-3 (`fc`, `midlayer`, `norm`, `lm_head` over a {s["draft_vocab"]}-token draft
   vocabulary covering {card["draft_vocab_coverage"]:.1%} of the tokens of the target's greedy answers, `d2t`, `t2d`)
-- Data: {card["data"]}; the target's own answers of up to {s["answer_tokens"]} tokens, greedy{sampled}
-  (self-distillation)
+- Data: {card["data"]}
 - Training: EAGLE-3 training-time test over {s["steps"]} steps{started}, {card["sequences_trained"]} sequences
   ({card["epochs"]} epochs), on {card["machine"]}, {card["date"]}; {stages}{training_speed(card)}
 - Agreement with the target, by draft step (teacher-forced, on answers): {top1} on the
