@@ -14,7 +14,16 @@ from decoding.drafts import LayerDraft, ModelDraft, NGramDraft
 from decoding.errors import TraceError
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
-from decoding.trace import EVENT_COLUMNS, TOKEN_KINDS, TRACE_VERSION, RunMeta, Trace, token_frame, validate
+from decoding.trace import (
+    EVENT_COLUMNS,
+    TOKEN_KINDS,
+    TRACE_VERSION,
+    RunMeta,
+    Totals,
+    Trace,
+    token_frame,
+    validate,
+)
 from visualize.timeline import timeline_html
 
 V1_TRACE = Path(__file__).parent / "data" / "trace-v1.json"  # written before verdicts had kinds
@@ -292,3 +301,8 @@ def test_a_translation_without_a_list_of_sources_is_refused_in_one_line():
     data["rounds" if "rounds" in data else "steps"][2]["translation"]["sources"] = None
     with pytest.raises(TraceError, match="translation sources must be a list"):
         validate(Trace.from_dict(data))
+
+
+def test_the_run_length_is_said_in_words_with_singulars():
+    assert Totals(rounds=1, new_tokens=1).tokens_in_rounds == "1 token in 1 round"
+    assert Totals(rounds=5, new_tokens=12).tokens_in_rounds == "12 tokens in 5 rounds"

@@ -37,6 +37,7 @@ from decoding.trace import (
 from visualize.cards import stats_html
 from visualize.charts import (
     accepted_length_histogram,
+    speedup_curve,
     theory_figure,
     trace_figures,
     workload_curve,
@@ -642,3 +643,14 @@ def test_the_concurrency_text_says_when_speculation_never_pays():
     assert "does not pay even alone" in text and "stops paying at k = 1 at B = 1" not in text
     _, text = run_concurrency(0.8, 0.02, 0.0)
     assert "does not pay" not in text
+
+
+@pytest.mark.parametrize(
+    ("repeats", "why"), [(1, "each setting ran once, so there is no spread"), (3, "the spreads overlap")]
+)
+def test_a_sweep_chart_without_a_best_says_why(repeats, why):
+    table = pd.DataFrame(
+        {"k": [1, 2], "speedup": [1.1, 1.2], "speedup_low": [1.0, 1.05], "speedup_high": [1.2, 1.3]}
+    ).assign(predicted_leviathan=1.3, predicted_measured=1.2, best=False, repeats=repeats)
+    notes = [a.text for a in speedup_curve(table).layout.annotations]
+    assert any(why in note for note in notes), notes

@@ -35,7 +35,7 @@ def stats_html(trace: Trace) -> str:
         cls = {True: "sl-good", False: "sl-bad", None: ""}[same.good]
         cards.append(_card(same.label, same.value, cls, tip=same.sentence, term="agreement"))
     m = trace.meta
-    caption = f"{m.target or '?'} · draft {m.draft or '?'} · {t.new_tokens} tokens in {t.rounds} rounds · {m.device} {m.dtype}"
+    caption = f"{m.target or '?'} · draft {m.draft or '?'} · {t.tokens_in_rounds} · {m.device} {m.dtype}"
     if m.stopped:
         caption += f" · {m.stopped}"
     why = slower_because(trace)

@@ -195,7 +195,9 @@ def _star_best(fig: go.Figure, table: pd.DataFrame, x: str, label: str) -> None:
     """Star the setting that beats the others beyond their spread; say so when none does."""
     best = table[table["best"]] if "best" in table else table.iloc[0:0]
     if best.empty:
-        fig.add_annotation(text="no clear best: the spreads overlap", showarrow=False, x=0.5, y=1.08,
+        once = "repeats" in table and len(table) > 1 and table["repeats"].max() < 2
+        why = "each setting ran once, so there is no spread to judge by" if once else "the spreads overlap"
+        fig.add_annotation(text=f"no clear best: {why}", showarrow=False, x=0.5, y=1.08,
                            xref="paper", yref="paper", font={"color": INK})  # fmt: skip
         return
     row = best.iloc[0]

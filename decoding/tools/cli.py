@@ -508,7 +508,7 @@ def summary(trace: Trace) -> str:
         trace.output.text,
         "",
         f"target {m.target} | draft {m.draft} | policy {m.policy.name} k={m.policy.k} | {m.device} {m.dtype}",
-        f"{t.new_tokens} tokens in {t.rounds} rounds: acceptance {t.acceptance_rate:.1%} "
+        f"{t.tokens_in_rounds}: acceptance {t.acceptance_rate:.1%} "
         f"({t.accepted}/{t.proposed}), {t.tokens_per_round:.2f} tokens/round, "
         f"{t.tokens_per_s:.1f} tokens/s",
     ]

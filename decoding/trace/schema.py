@@ -204,6 +204,11 @@ class Totals:
             **times,
         )
 
+    @property
+    def tokens_in_rounds(self) -> str:
+        """'1 token in 1 round', '12 tokens in 5 rounds': how far the run went, in words."""
+        return f"{self.new_tokens} token{'s' * (self.new_tokens != 1)} in {self.rounds} round{'s' * (self.rounds != 1)}"
+
     @classmethod
     def of_rounds(cls, rounds: list[Round], wall_s: float) -> Totals:
         """Whatever the rounds did not time (the prefill, mostly) is the prefill."""
