@@ -18,7 +18,7 @@ from .core.plain import StopCheck, autoregressive_generate
 from .core.proposal import Draft
 from .core.speculative import iter_trace, untraced_generate
 from .core.tree import MAX_BRANCH, MAX_TREE_NODES, TreeShape
-from .drafts import SuffixDraft, build_draft
+from .drafts import build_draft
 from .errors import SpecLensError
 from .models.loading import LoadedModel, load_model
 from .models.paths import public_name, public_source
@@ -286,12 +286,8 @@ def warm_up(run: PreparedRun) -> None:
     if not _first_time(run.target.model, (c.draft, run.tree is not None, c.sampling.greedy)):
         return
     short = replace(run, config=replace(c, max_new_tokens=min(c.max_new_tokens, 2 * (c.k + 1))))
-    corpus = run.draft.corpus.snapshot() if isinstance(run.draft, SuffixDraft) else None
-    try:
+    with run.draft.leaving_no_memory():
         speculative(short)
-    finally:
-        if corpus is not None:
-            run.draft.corpus.restore(corpus)
 
 
 def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:

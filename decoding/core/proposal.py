@@ -102,6 +102,11 @@ class Draft(ABC):
         """The loop runs each target pass inside this: a head draft reads the target's features there."""
         return contextlib.nullcontext()
 
+    def leaving_no_memory(self) -> contextlib.AbstractContextManager:
+        """A run made inside this (a warm-up) leaves nothing the draft keeps across runs: suffix
+        decoding's corpus is as it was before."""
+        return contextlib.nullcontext()
+
 
 def empty_proposal(device: torch.device) -> Proposal:
     return Proposal(torch.empty(0, dtype=torch.long, device=device), torch.empty(0, device=device), None)

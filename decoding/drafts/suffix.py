@@ -10,9 +10,11 @@ the runner-up continuations. No model: like n-gram drafting, but across requests
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 
 import torch
 
@@ -88,6 +90,14 @@ class SuffixDraft(Draft):
 
     def reset(self) -> None:
         self.run = next(_run_ids)  # a new sequence is a new entry: earlier ones stay in the corpus
+
+    @contextlib.contextmanager
+    def leaving_no_memory(self) -> Iterator[None]:
+        runs = self.corpus.snapshot()
+        try:
+            yield
+        finally:
+            self.corpus.restore(runs)
 
     def longest_match(self, ids: torch.Tensor) -> tuple[int, torch.Tensor]:
         """The longest suffix of `ids` (up to `max_match`) found earlier in the corpus, and where each
