@@ -719,3 +719,22 @@ def test_the_shipped_head_drafts_through_the_layer_kernel_what_its_modules_draft
         eager = HeadDraft(kernel.head, smol.model, "head", kernel=False)
         rounds += _assert_drafts_alike(smol.model, ids, kernel, eager, 40)
     assert rounds > 20
+
+
+def test_a_stage_stopped_by_kill_still_adds_up_its_minutes(tmp_path):
+    """Long runs are stopped with `kill`; the minutes they ran must still reach stages.json."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from decoding.tools.train_head import stage_clock\n"
+        "with stage_clock(Path(sys.argv[1]), 'training'):\n"
+        "    print('in', flush=True)\n"
+        "    time.sleep(60)\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert run.stdout.readline() == "in\n"
+    run.terminate()
+    assert run.wait(timeout=30) == 143
+    assert "training" in json.loads((tmp_path / "stages.json").read_text())

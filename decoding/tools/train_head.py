@@ -31,6 +31,8 @@ import functools
 import json
 import math
 import random
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -571,15 +573,25 @@ def data_summary(name: str, fit: list[dict], held: list[dict], cfg: TrainConfig)
 
 @contextlib.contextmanager
 def stage_clock(work: Path, stage: str) -> Iterator[None]:
-    """Adds the minutes a stage ran to `work/stages.json`, over every resumed run."""
+    """Adds the minutes a stage ran to `work/stages.json`, over every resumed run. A long run is
+    usually stopped with `kill`: SIGTERM ends the stage as an exception would, so those minutes
+    count too (a SIGKILL's do not)."""
     started = time.time()
+    main = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _stop) if main else None
     try:
         yield
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         path = work / "stages.json"
         minutes = json.loads(path.read_text()) if path.exists() else {}
         minutes[stage] = round(minutes.get(stage, 0.0) + (time.time() - started) / 60, 1)
         path.write_text(json.dumps(minutes))
+
+
+def _stop(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def head_card(card: dict) -> str:
