@@ -3,7 +3,7 @@
 1. answers: the target's own answers to the training prompts, generated in
    batches (greedy, plus `sampled` answers per prompt at temperature 0.7),
    appended to the work folder as they are made;
-2. the draft vocabulary: the tokens the target's greedy answers use most;
+2. the draft vocabulary: the tokens the answers (the target's own, or conversations') use most;
 3. training: EAGLE-3's training-time test, one sequence a step, the target's
    features recomputed for each sequence as it is trained on (stored, tens of
    thousands of sequences' features would take tens of gigabytes). The head is
@@ -489,7 +489,7 @@ def measure(
     if held:
         figures["heldout_top1_by_step"] = agreement(head, embed, held, label_rows, cfg.steps)
         print(f"after {seen} sequences: held-out agreement by step {figures['heldout_top1_by_step']}")
-        state.setdefault("curve", []).append([seen, figures["heldout_top1_by_step"]])
+        state["curve"].append([seen, figures["heldout_top1_by_step"]])
         head.train()
     # Expected drafts accepted per round of `steps`, were the steps independent.
     score = sum(math.prod(figures.get("heldout_top1_by_step", [1])[: j + 1]) for j in range(cfg.steps))
@@ -605,7 +605,7 @@ def head_card(card: dict) -> str:
 
 - Target: `{card["target"]}`, weights fingerprint `{card["fingerprint"]}` (a head is refused by any other weights)
 - Layout: EAGLE-3 (`fc`, `midlayer`, `norm`, `lm_head` over a {s["draft_vocab"]}-token draft
-  vocabulary covering {card["draft_vocab_coverage"]:.1%} of the tokens of the target's greedy answers, `d2t`, `t2d`)
+  vocabulary covering {card["draft_vocab_coverage"]:.1%} of the answers' tokens trained on, `d2t`, `t2d`)
 - Data: {card["data"]}
 - Training: EAGLE-3 training-time test over {s["steps"]} steps{started}, {card["sequences_trained"]} sequences
   ({card["epochs"]} epochs), on {card["machine"]}, {card["date"]}; {stages}{training_speed(card)}
