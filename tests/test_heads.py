@@ -103,6 +103,15 @@ def f64_target(folder):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval().requires_grad_(False)
 
 
+def tiny_split(target, work: Path, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
+    """`trained_tiny`'s prompts with their answers (already in `work`), as training and held-out sequences."""
+    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
+    answers = generate_answers(target, prompts, cfg, work / "answers.jsonl")
+    return heldout_split(
+        training_sequences(target.tokenizer, [{"prompt": p} for p in prompts], answers, 64), 0.1, 0
+    )
+
+
 def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
     folder, out, work, argv = trained_tiny
     config = json.loads((out / "config.json").read_text())
@@ -129,12 +138,7 @@ def test_training_interrupted_midway_resumes_to_the_same_head(trained_tiny, tmp_
     folder, _, work, _ = trained_tiny
     target = load_model(str(folder), "cpu", "float32")
     cfg = TrainConfig(answer_tokens=24, draft_vocab=20, lr=3e-3, max_sequences=15, checkpoint_every=4)
-    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
-    rows = [{"prompt": p} for p in prompts]
-    data = training_sequences(
-        target.tokenizer, rows, generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64
-    )
-    fit, held = heldout_split(data, 0.1, 0)
+    fit, held = tiny_split(target, work, cfg)
     draft_ids, _ = draft_vocabulary(fit, target.vocab_size, 20)
     heads = []
     for stops in ([None], [7, None]):
@@ -156,12 +160,7 @@ def test_a_stage_ending_where_the_run_already_is_gives_its_best_head_without_tra
     folder, _, work, _ = trained_tiny
     target = load_model(str(folder), "cpu", "float32")
     cfg = TrainConfig(answer_tokens=24, draft_vocab=20, lr=3e-3, max_sequences=12, eval_every=4)
-    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
-    data = training_sequences(
-        target.tokenizer, [{"prompt": p} for p in prompts],
-        generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64,
-    )  # fmt: skip
-    fit, held = heldout_split(data, 0.1, 0)
+    fit, held = tiny_split(target, work, cfg)
     draft_ids, _ = draft_vocabulary(fit, target.vocab_size, 20)
     checkpoint = tmp_path / "stages.pt"
     assert train(new_head(target, draft_ids, 0), target, fit, held, cfg, checkpoint, stop_at=9) == {}
@@ -188,12 +187,7 @@ def test_a_head_started_from_another_keeps_its_layer_and_measures_it_first(train
     assert torch.equal(head.draft_ids, draft_ids)
     assert torch.equal(head.lm_head.weight, target.model.get_output_embeddings().weight[draft_ids])
     cfg = TrainConfig(answer_tokens=24, draft_vocab=16, max_sequences=2, eval_every=100, init_from=str(out))
-    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
-    data = training_sequences(
-        target.tokenizer, [{"prompt": p} for p in prompts],
-        generate_answers(target, prompts, cfg, work / "answers.jsonl"), 64,
-    )  # fmt: skip
-    fit, held = heldout_split(data, 0.1, 0)
+    fit, held = tiny_split(target, work, cfg)
     train(head, target, fit, held, cfg, tmp_path / "started.pt")
     assert "after 0 sequences: held-out agreement" in capsys.readouterr().out
     other = EagleHead(replace(HeadConfig.for_target(target.model.config, 16), aux_layers=(0, 1, 1)))
