@@ -684,15 +684,19 @@ def _assert_drafts_alike(target, ids, kernel: HeadDraft, eager: HeadDraft, token
 
 
 @pytest.mark.parametrize("hidden", [32, 64])
-def test_the_head_drafts_through_the_layer_kernel_what_its_modules_draft(hidden):
-    """A tiny float32 target in the default CPU mode and a head built from its config."""
+@pytest.mark.parametrize("saved_in_half", [False, True])
+def test_the_head_drafts_through_the_layer_kernel_what_its_modules_draft(hidden, saved_in_half):
+    """A tiny float32 target in the default CPU mode and a head built from its config: with float32
+    weights, or weights float16 holds (as a saved head's), which the kernel then reads as float16."""
     target = tiny_llama(seed=0, init=0.3, hidden=hidden).to(torch.float32)
     assert use_row_kernel(target) and llama.use_layer_kernel(target)
     head = random_head(target, list(range(0, 64, 2)), std=0.2)
+    if saved_in_half:
+        head = head.half().float()
     assert HeadDraft(head, target, "h").stepper is head  # not the row kernel's linears: its modules
     use_row_kernel(head, panels=False)  # as build_draft does on the kernel path
     kernel = HeadDraft(head, target, "h")
-    assert isinstance(kernel.stepper, HeadKernel)
+    assert isinstance(kernel.stepper, HeadKernel) and kernel.stepper.half == saved_in_half
     for prompt in ([5, 6, 7, 8, 9], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]):
         eager = HeadDraft(head, target, "h", kernel=False)
         _assert_drafts_alike(target, torch.tensor([prompt]), kernel, eager, 40)
@@ -710,6 +714,7 @@ def test_the_shipped_head_drafts_through_the_layer_kernel_what_its_modules_draft
         ids = encode_prompt(smol, row["prompt"], chat=True)
         kernel = build_draft("head", smol)
         assert smol.row_kernel and isinstance(kernel.stepper, HeadKernel)  # chosen in the default CPU mode
+        assert kernel.stepper.half  # saved in float16: read as float16
         eager = HeadDraft(kernel.head, smol.model, "head", kernel=False)
         rounds += _assert_drafts_alike(smol.model, ids, kernel, eager, 40)
     assert rounds > 20

@@ -35,6 +35,22 @@ def test_the_kernel_computes_a_linear_layer(rows, inputs, outputs):
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 6, 9])
+def test_float16_weights_give_the_float32_products_bits(rows):
+    """A float16 weight is widened exactly as it loads: every value float16 holds (subnormals,
+    zeros, the largest) gives the float32 product of the same values, bit for bit."""
+    torch.manual_seed(rows)
+    w = torch.randn(37, 576).half()
+    every_half = torch.arange(0, 2**16 - 2**10, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    finite = every_half[every_half.isfinite()]
+    w.view(-1)[: finite.numel()] = finite[torch.randperm(finite.numel())][: w.numel()]
+    w[0, :8] = torch.tensor([0.0, -0.0, 2**-24, -(2**-24), 2**-14, 65504, -65504, 2**-20])
+    x, b = torch.randn(rows, 576) * 1e-3, torch.randn(37)
+    assert torch.equal(row_linear(x, w, b), row_linear(x, w.float(), b))
+    assert torch.equal(row_linear(x, w), row_linear(x, w.float()))
+
+
+@needs_kernel
 def test_a_rows_result_does_not_depend_on_its_batch_or_on_the_other_weight_rows():
     """Bit for bit: one token alone or among 16, and a slice of a fused weight, give the same sums."""
     torch.manual_seed(0)
@@ -301,6 +317,7 @@ def test_the_portable_build_keeps_every_equality():
     env = os.environ | {"SPECLENS_KERNEL_BUILD": "portable"}
     tests = [
         "test_the_kernel_computes_a_linear_layer",
+        "test_float16_weights_give_the_float32_products_bits",
         "test_a_rows_result_does_not_depend_on_its_batch_or_on_the_other_weight_rows",
         "test_the_layer_kernel_gives_a_token_the_same_bits_alone_and_checked_with_others",
         "test_greedy_stays_lossless_on_the_kernel_path[0]",

@@ -134,7 +134,7 @@ class _Layer(ctypes.Structure):
             "input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "gate_up_bias", "down",
             "down_bias", "qkv_panels", "o_panels", "gate_up_panels", "down_panels")),
         *((name, _i64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")),
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("half", _i64),
     ]  # fmt: skip
 
 
@@ -146,6 +146,7 @@ class _Head(ctypes.Structure):
     _fields_ = [
         ("norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("w", ctypes.c_void_p), ("panels", ctypes.c_void_p),
         ("bias", ctypes.c_void_p), ("hidden", _i64), ("vocab", _i64), ("keep", _i64), ("logits", ctypes.c_void_p),
+        ("half", _i64),
     ]  # fmt: skip
 
 

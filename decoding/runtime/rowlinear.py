@@ -56,12 +56,16 @@ FLAGS = {"native": ("-march=native", *COMMON), "portable": ("-DSPECLENS_PORTABLE
 
 
 def kernel_build() -> str:
-    """ "native" on an x86 CPU with AVX2 and FMA, else "portable"; SPECLENS_KERNEL_BUILD chooses."""
+    """ "native" on an x86 CPU with AVX2, FMA and F16C, else "portable"; SPECLENS_KERNEL_BUILD chooses."""
     forced = os.environ.get("SPECLENS_KERNEL_BUILD", "")
     if forced in FLAGS:
         return forced
     flags = set(cpu_info()["flags"].split())
-    return "native" if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= flags else "portable"
+    return (
+        "native"
+        if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= flags
+        else "portable"
+    )
 
 
 def _build(compiler: str, flags: tuple[str, ...], out: Path) -> None:
@@ -102,6 +106,7 @@ def library() -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     for name, args in {
         "rowlinear": [ptr] * 4 + [i64] * 3,
+        "rowlinear_half": [ptr] * 4 + [i64] * 3,
         "rowlinear_panels": [ptr] * 4 + [i64] * 3,
         "pack_panels": [ptr] * 2 + [i64] * 2,
         "rmsnorm": [ptr] * 3 + [i64] * 2 + [ctypes.c_float],
@@ -146,12 +151,16 @@ def row_linear(
     panels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)` through the kernel: float32 CPU tensors, weight and bias contiguous;
-    from `panels` (`pack_panels(weight)`) where given."""
+    from `panels` (`pack_panels(weight)`) where given. A float16 weight is widened exactly as it is
+    read: the product is the float32 one of the same values, from half the bytes."""
     # Lean on purpose: a step makes over a hundred of these calls, each a few microseconds of work.
     if not x.is_contiguous():
         x = x.contiguous()
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    product = _kernel() if panels is None else library().rowlinear_panels
+    if weight.dtype == torch.float16:
+        product = library().rowlinear_half
+    else:
+        product = _kernel() if panels is None else library().rowlinear_panels
     product(
         x.data_ptr(),
         weight.data_ptr() if panels is None else panels.data_ptr(),

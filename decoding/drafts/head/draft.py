@@ -75,15 +75,16 @@ class HeadDraft(Draft):
             if sampling.greedy:
                 # Over the draft vocabulary only: the rest of the target's has probability 0.
                 probs = logits.softmax(-1)
-                pick = probs.argmax()
+                top = torch.topk(probs, min(TOP_N, probs.shape[0]))
+                pick = top.indices[0]  # the trace's favourites give the greedy pick: no argmax to run
             else:
                 full = self._full_width(logits, draft_ids, sampling)
                 dists.append(full)
                 probs = full[draft_ids]
                 pick = torch.multinomial(probs, 1, generator=generator)[0]
+                top = torch.topk(probs, min(TOP_N, probs.shape[0]))
             tokens.append(draft_ids[pick])
             qs.append(probs[pick])
-            top = torch.topk(probs, min(TOP_N, probs.shape[0]))
             tops.append((top.values, draft_ids[top.indices]))
             if len(tokens) == k or (stop is not None and stop.stops(probs)):
                 break

@@ -16,6 +16,13 @@ target's default CPU mode, float32); elsewhere the head runs its own
 modules (`EagleHead.step_logits`). Its norms, SiLU and attention are the
 kernel's, not torch's, so its outputs differ from the eager head's in the
 last bits; its drafts are the same (tests/test_heads.py).
+
+A step streams the head's weights once, and that is most of its time. A
+head saved in float16 (the shipped one) holds only values float16 holds
+exactly, so the kernel reads float16 copies of its products' weights,
+widened as they load: the same float32 sums, from half the bytes. A head
+with any weight float16 cannot hold (one trained and not yet saved, a
+float32 or bfloat16 file) keeps float32.
 """
 
 from __future__ import annotations
@@ -45,8 +52,13 @@ def kernel_step(head: EagleHead) -> HeadKernel | None:
     return kernel
 
 
+def exactly_half(weights: list[torch.Tensor]) -> bool:
+    """Whether float16 holds every value of these float32 weights exactly."""
+    return all(torch.equal(w.half().float(), w) for w in weights)
+
+
 class HeadKernel:
-    """`EagleHead.step_logits` through the layer kernel (float32, CPU)."""
+    """`EagleHead.step_logits` through the layer kernel (float32 sums, CPU)."""
 
     @staticmethod
     def fits(head: EagleHead) -> bool:
@@ -66,14 +78,20 @@ class HeadKernel:
         self.qkv = fused_linear(attn.q_proj, attn.k_proj, attn.v_proj)
         self.gate_up = fused_linear(mlp.gate_proj, mlp.up_proj)
         self.c, self.head = c, head
+        products = [self.qkv, attn.o_proj, self.gate_up, mlp.down_proj, head.lm_head]
+        weights = [m.weight.detach() for m in products]
+        self.half = exactly_half(weights)
+        # Kept here: the structs below hold only their addresses.
+        self.weights = [w.half() for w in weights] if self.half else weights
+        qkv, o, gate_up, down, self.lm_head = self.weights
+        panels = [None] * 4 if self.half else [m.panels() for m in products[:4]]
         self.layer = _Layer(
-            _ptr(layer.input_layernorm.weight), _ptr(self.qkv.weight), _ptr(self.qkv.bias),
-            _ptr(attn.o_proj.weight), _ptr(attn.o_proj.bias), _ptr(layer.post_attention_layernorm.weight),
-            _ptr(self.gate_up.weight), _ptr(self.gate_up.bias), _ptr(mlp.down_proj.weight),
-            _ptr(mlp.down_proj.bias), _ptr(self.qkv.panels()), _ptr(attn.o_proj.panels()),
-            _ptr(self.gate_up.panels()), _ptr(mlp.down_proj.panels()), c.hidden_size, c.num_attention_heads,
-            c.num_key_value_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps, c.head_dim**-0.5,
+            _ptr(layer.input_layernorm.weight), _ptr(qkv), _ptr(self.qkv.bias), _ptr(o), _ptr(attn.o_proj.bias),
+            _ptr(layer.post_attention_layernorm.weight), _ptr(gate_up), _ptr(self.gate_up.bias), _ptr(down),
+            _ptr(mlp.down_proj.bias), *map(_ptr, panels), c.hidden_size, c.num_attention_heads,
+            c.num_key_value_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps, c.head_dim**-0.5, self.half,
         )  # fmt: skip
+        self.lm_panels = None if self.half else head.lm_head.panels()
         self.hidden_norm = layer.hidden_norm.weight
         self.cos = self.sin = torch.empty(0, c.head_dim)
 
@@ -110,8 +128,8 @@ class HeadKernel:
         cos, sin = self._rotation(past, n, positions)
         rows = None if mask is None else mask.contiguous()
         spec = _Head(
-            _ptr(head.norm.weight), c.rms_norm_eps, _ptr(head.lm_head.weight), _ptr(head.lm_head.panels()),
-            _ptr(head.lm_head.bias), c.hidden_size, c.draft_vocab_size, keep, logits.data_ptr(),
+            _ptr(head.norm.weight), c.rms_norm_eps, _ptr(self.lm_head), _ptr(self.lm_panels),
+            _ptr(head.lm_head.bias), c.hidden_size, c.draft_vocab_size, keep, logits.data_ptr(), self.half,
         )  # fmt: skip
         step = _Step(
             feature.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(),

@@ -375,6 +375,7 @@ struct Layer {
   const float *qkv_panels, *o_panels, *gate_up_panels, *down_panels;  // rows.h's panels, or null
   int64_t hidden, heads, kv_heads, head_dim, intermediate;
   float eps, scale;
+  int64_t half;  // 1: qkv, o, gate_up and down are float16 rows (uint16_t bits), without panels
 };
 
 // Where a layer keeps its keys and values: [kv_heads, capacity, head_dim].
@@ -390,6 +391,7 @@ struct Head {
   const float *w, *panels, *bias;  // w [vocab, hidden], its panels (or null), bias (or null)
   int64_t hidden, vocab, keep;
   float* logits;  // [keep, vocab]
+  int64_t half;   // 1: w is float16 rows (uint16_t bits), without panels
 };
 
 // The rows a run of layers takes, after `past` cached ones.
@@ -444,7 +446,7 @@ static void layer_rows(const Layer* l, const LayerCache& c, const Step& s, float
       rmsnorm_row(x + r * D, l->input_norm, normed + r * D, D, l->eps);
     }
   }
-  product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, K, QKV, shares, number);
+  product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, K, QKV, shares, number, l->half);
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < n; r++) {
     float* row = qkv + r * QKV;
@@ -461,12 +463,12 @@ static void layer_rows(const Layer* l, const LayerCache& c, const Step& s, float
   const int64_t cache_head = c.capacity * d;
   attention_rows({qkv, QKV, d, c.k, cache_head, d, c.v, cache_head, d, attended, n, s.past + n, l->heads,
                   l->kv_heads, d, l->scale, s.mask});
-  product(attended, l->o, l->o_panels, l->o_bias, x, x, n, Q, D, shares, number + 1);
+  product(attended, l->o, l->o_panels, l->o_bias, x, x, n, Q, D, shares, number + 1, l->half);
   for (int64_t r = 0; r < n; r++) rmsnorm_row(x + r * D, l->post_norm, normed + r * D, D, l->eps);
   product(normed, l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up, n, D, 2 * I, shares,
-          number + 2);
+          number + 2, l->half);
   for (int64_t r = 0; r < n; r++) silu_mul(gate_up + r * 2 * I, gate_up + r * 2 * I + I, act + r * I, I);
-  product(act, l->down, l->down_panels, l->down_bias, x, x, n, I, D, shares, number + 3);
+  product(act, l->down, l->down_panels, l->down_bias, x, x, n, I, D, shares, number + 3, l->half);
 }
 
 // The logits of the last rows of x [n, hidden], in a parallel region, each
@@ -475,7 +477,7 @@ static void head_rows(const Head& h, const float* x, int64_t n, Share* shares, u
   const int64_t D = h.hidden;
   float* normed = scratch(kOwnRows, h.keep * D);
   for (int64_t r = 0; r < h.keep; r++) rmsnorm_row(x + (n - h.keep + r) * D, h.norm, normed + r * D, D, h.eps);
-  product(normed, h.w, h.panels, h.bias, nullptr, h.logits, h.keep, D, h.vocab, shares, number);
+  product(normed, h.w, h.panels, h.bias, nullptr, h.logits, h.keep, D, h.vocab, shares, number, h.half);
 }
 
 // `count` consecutive layers over the step's rows in one parallel region, and

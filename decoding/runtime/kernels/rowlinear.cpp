@@ -34,6 +34,13 @@ extern "C" void rowlinear(const float* x, const float* w, const float* b, float*
   linear_rows(x, w, b, nullptr, y, M, K, N);
 }
 
+// The same product over float16 weights (their IEEE bits), widened exactly as they load.
+extern "C" void rowlinear_half(const float* x, const uint16_t* w, const float* b, float* y, int64_t M, int64_t K,
+                               int64_t N) {
+#pragma omp parallel num_threads(team())
+  linear_rows(x, w, b, nullptr, y, M, K, N);
+}
+
 // The same product from w's panels (pack_panels); N also a multiple of the width.
 extern "C" void rowlinear_panels(const float* x, const float* panels, const float* b, float* y, int64_t M,
                                  int64_t K, int64_t N) {

@@ -46,10 +46,32 @@ static inline float vsum(vec a) {
 }
 static inline void prefetch_l2(const void* p) { __builtin_prefetch(p, 0, 2); }
 static inline void spin_pause() {}
+// A float16's bits as the float32 of the same value (exact: every float16 is a float32).
+static inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16, exp = h >> 10 & 0x1f, man = h & 0x3ffu;
+  uint32_t bits = sign;
+  if (exp == 0x1f) {
+    bits |= 0x7f800000u | man << 13;  // infinity, NaN
+  } else if (exp != 0) {
+    bits |= (exp + 112) << 23 | man << 13;
+  } else if (man != 0) {  // subnormal: shift the mantissa up to its leading 1
+    uint32_t m = man, e = 113;
+    while (!(m & 0x400u)) m <<= 1, e--;
+    bits |= e << 23 | (m & 0x3ffu) << 13;
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+static inline vec vload(const uint16_t* p) {
+  vec v;
+  for (int i = 0; i < kWidth; i++) v[i] = half_to_float(p[i]);
+  return v;
+}
 #else
 #include <immintrin.h>
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "needs AVX2 and FMA, or -DSPECLENS_PORTABLE"
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "needs AVX2, FMA and F16C, or -DSPECLENS_PORTABLE"
 #endif
 static inline void prefetch_l2(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T1); }
 static inline void spin_pause() { _mm_pause(); }
@@ -60,6 +82,7 @@ typedef __m512 vec;
 static const int kWidth = 16;
 static inline vec vzero() { return _mm512_setzero_ps(); }
 static inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline vec vload(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vec vset(float a) { return _mm512_set1_ps(a); }
 static inline void vstore(float* p, vec a) { _mm512_storeu_ps(p, a); }
@@ -72,6 +95,7 @@ typedef __m256 vec;
 static const int kWidth = 8;
 static inline vec vzero() { return _mm256_setzero_ps(); }
 static inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline vec vload(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 static inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vec vset(float a) { return _mm256_set1_ps(a); }
 static inline void vstore(float* p, vec a) { _mm256_storeu_ps(p, a); }
@@ -113,14 +137,17 @@ static inline int team() {
 // 17 rows, side by side), and ×1.2-1.6 theirs without any: a line headed for
 // L1 holds one of the core's few L1 miss buffers for the whole trip from memory.
 
-// y = x w^T (+ b) (+ r): r, a residual added to each result, may be y itself.
-template <int NB, int MB>
-static inline void block(const float* x, const float* w, const float* b, const float* r, float* y,
+// y = x w^T (+ b) (+ r): r, a residual added to each result, may be y itself. The weights W are
+// float32, or float16 (uint16_t, IEEE bits): those are widened exactly as they load, so a product
+// over a float16 copy of weights that float16 holds exactly gives the float32 product's bits while
+// streaming half the bytes.
+template <int NB, int MB, typename W>
+static inline void block(const float* x, const W* w, const float* b, const float* r, float* y,
                          int64_t K, int64_t N, int64_t n0, int64_t m0) {
   vec acc[NB][MB];
   for (int j = 0; j < NB; j++)
     for (int i = 0; i < MB; i++) acc[j][i] = vzero();
-  const float* wr = w + n0 * K;
+  const W* wr = w + n0 * K;
   const float* xr = x + m0 * K;
   const int ahead = tuning.prefetch_rows;
   for (int64_t k = 0; k < K; k += kWidth) {
@@ -142,30 +169,31 @@ static inline void block(const float* x, const float* w, const float* b, const f
     }
 }
 
-template <int NB>
-static void rows_of_w(const float* x, const float* w, const float* b, const float* r, float* y,
+template <int NB, typename W>
+static void rows_of_w(const float* x, const W* w, const float* b, const float* r, float* y,
                       int64_t M, int64_t K, int64_t N, int64_t n0) {
   int64_t m0 = 0;
-  for (; m0 + kRowsOfX <= M; m0 += kRowsOfX) block<NB, kRowsOfX>(x, w, b, r, y, K, N, n0, m0);
+  for (; m0 + kRowsOfX <= M; m0 += kRowsOfX) block<NB, kRowsOfX, W>(x, w, b, r, y, K, N, n0, m0);
   switch (M - m0) {
-    case 1: block<NB, 1>(x, w, b, r, y, K, N, n0, m0); break;
-    case 2: block<NB, 2>(x, w, b, r, y, K, N, n0, m0); break;
-    case 3: block<NB, 3>(x, w, b, r, y, K, N, n0, m0); break;
-    case 4: block<NB, 4>(x, w, b, r, y, K, N, n0, m0); break;
-    case 5: block<NB, 5>(x, w, b, r, y, K, N, n0, m0); break;
+    case 1: block<NB, 1, W>(x, w, b, r, y, K, N, n0, m0); break;
+    case 2: block<NB, 2, W>(x, w, b, r, y, K, N, n0, m0); break;
+    case 3: block<NB, 3, W>(x, w, b, r, y, K, N, n0, m0); break;
+    case 4: block<NB, 4, W>(x, w, b, r, y, K, N, n0, m0); break;
+    case 5: block<NB, 5, W>(x, w, b, r, y, K, N, n0, m0); break;
   }
 }
 
 // The product's share of the calling thread: an orphaned worksharing loop, so
 // it splits the rows of w among the threads of an enclosing parallel region
 // (the decoder layer's) or runs whole on a thread outside one.
-static inline void linear_rows(const float* x, const float* w, const float* b, const float* r, float* y,
+template <typename W>
+static inline void linear_rows(const float* x, const W* w, const float* b, const float* r, float* y,
                                int64_t M, int64_t K, int64_t N) {
   const int64_t blocks = N / kRowsOfW;
 #pragma omp for schedule(static) nowait  // the tail's loop below ends with the barrier
-  for (int64_t nb = 0; nb < blocks; nb++) rows_of_w<kRowsOfW>(x, w, b, r, y, M, K, N, nb * kRowsOfW);
+  for (int64_t nb = 0; nb < blocks; nb++) rows_of_w<kRowsOfW, W>(x, w, b, r, y, M, K, N, nb * kRowsOfW);
 #pragma omp for schedule(static)
-  for (int64_t n0 = blocks * kRowsOfW; n0 < N; n0++) rows_of_w<1>(x, w, b, r, y, M, K, N, n0);
+  for (int64_t n0 = blocks * kRowsOfW; n0 < N; n0++) rows_of_w<1, W>(x, w, b, r, y, M, K, N, n0);
 }
 
 // --- Panels: the same product over weights packed for it ------------------
@@ -347,11 +375,15 @@ static inline void linear_panels(const float* x, const float* panels, const floa
 #pragma omp barrier
 }
 
-// The product from panels where w has them, else from w's rows.
-static inline void product(const float* x, const float* w, const float* panels, const float* b, const float* r,
-                           float* y, int64_t M, int64_t K, int64_t N, Share* shares, uint64_t number) {
+// The product from panels where w has them, else from w's rows: float16 ones where `half` (w then
+// points at uint16_t), else float32.
+static inline void product(const float* x, const void* w, const float* panels, const float* b, const float* r,
+                           float* y, int64_t M, int64_t K, int64_t N, Share* shares, uint64_t number,
+                           bool half = false) {
   if (panels)
     linear_panels(x, panels, b, r, y, M, K, N, shares, number);
+  else if (half)
+    linear_rows(x, static_cast<const uint16_t*>(w), b, r, y, M, K, N);
   else
-    linear_rows(x, w, b, r, y, M, K, N);
+    linear_rows(x, static_cast<const float*>(w), b, r, y, M, K, N);
 }
