@@ -313,7 +313,7 @@ def test_the_default_cpu_mode_is_the_kernel_and_the_lean_pass(smol):
 )
 def test_the_portable_build_keeps_every_equality():
     """The kernel's bit-for-bit tests, rerun with the portable build forced: what an ARM laptop or an
-    x86 without AVX2/FMA compiles (the compiler's generic vectors, no intrinsics)."""
+    x86 without AVX2/FMA/F16C compiles (the compiler's generic vectors, no intrinsics)."""
     env = os.environ | {"SPECLENS_KERNEL_BUILD": "portable"}
     tests = [
         "test_the_kernel_computes_a_linear_layer",

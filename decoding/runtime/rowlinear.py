@@ -16,7 +16,7 @@ verification agree exactly. Every loop (plain, speculative, Hugging Face's
 
 The kernel is compiled once per machine with the system's C++ compiler
 (about a second) into the cache folder: for this CPU (`-march=native`) where
-it has AVX2 and FMA, else the portable build, the same algorithm in the
+it has AVX2, FMA and F16C, else the portable build, the same algorithm in the
 compiler's generic vectors (any CPU: an ARM laptop, an older x86), whose
 results are batch-independent too. SPECLENS_KERNEL_BUILD=portable forces the
 portable build (the tests run it here). Without a compiler the model keeps

@@ -26,7 +26,7 @@
 
 #if defined(SPECLENS_PORTABLE)
 // The same algorithm in the compiler's own vectors (GCC and Clang vector extensions), for any CPU:
-// an ARM laptop, an x86 without AVX2 and FMA. Multiplies and adds round apart (no fused
+// an ARM laptop, an x86 without AVX2, FMA and F16C. Multiplies and adds round apart (no fused
 // multiply-add), so its bits differ from the x86 builds' but, as theirs, never with the batch.
 typedef float vec __attribute__((vector_size(32)));
 static const int kWidth = 8;
