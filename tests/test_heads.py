@@ -252,6 +252,31 @@ def test_hybrid_draft_is_lossless_and_names_its_source(trained_tiny):
     assert sources - {None} == {"ngram", "head"}  # None: a last round with no room to draft
 
 
+@pytest.mark.parametrize("nodes", [4, 9])
+def test_hybrid_trees_are_lossless_and_the_head_reads_the_paths_kept_by_ngram_trees(trained_tiny, nodes):
+    """Tree rounds from both sources, chains between them: the head's rounds after an n-gram
+    tree read that tree's kept path, so its features still line up and it drafts."""
+    folder, out, _, _ = trained_tiny
+    target = f64_target(folder)
+    head = load_head(out, target, torch.device("cpu"), torch.float64)
+    sources = []
+    for prompt in ([3, 4, 5, 6, 3, 4, 5, 6, 3, 4], [9, 2, 9, 2, 9, 2], [20, 21, 5]):
+        ids = torch.tensor([prompt])
+        expected = autoregressive_generate(target, ids, max_new_tokens=40).token_ids
+        draft = HybridDraft(NGramDraft(), HeadDraft(head, target, "head"))
+        for tree in (TreeShape(nodes, 2), None):  # the same draft: a tree run, then a chain run
+            policy = make_policy("fixed", 3)
+            trace = speculative_generate(target, ids, draft, policy, max_new_tokens=40, tree=tree)
+            assert trace.output.token_ids == expected, f"tree={tree} prompt={prompt}"
+            validate(trace)
+            if tree is not None:
+                sources += [r.source for r in trace.rounds]
+                assert all(r.drafted > 0 for r in trace.rounds if r.source == "head")
+    assert {"ngram", "head"} <= set(sources)
+    switches = sum(a != b for a, b in zip(sources, sources[1:]))
+    assert switches >= 2  # the head drafted after n-gram trees, not only before them
+
+
 def test_training_unrolls_the_head_as_it_drafts(tiny_target):
     """The training-time test's outputs from an origin are the head's drafting from there."""
     head = random_head(tiny_target, list(range(0, 64, 2)), std=0.2)

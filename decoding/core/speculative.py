@@ -119,7 +119,10 @@ def _main_line(
         return torch.tensor(values, dtype=dtype, device=device)
 
     proposal = Proposal(
-        tensor([tree.tokens[i] for i in line], torch.long), tensor([tree.q[i] for i in line]), None
+        tensor([tree.tokens[i] for i in line], torch.long),
+        tensor([tree.q[i] for i in line]),
+        None,
+        source=tree.source,
     )
     return proposal, Verification(
         len(v.path),

@@ -48,6 +48,7 @@ class TokenTree:
     parents: list[int] = field(default_factory=list)
     q: list[float] = field(default_factory=list)
     score: list[float] = field(default_factory=list)
+    source: str | None = None  # a draft of several sources (hybrid): the one that drafted this tree
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -21,12 +21,14 @@ class HybridDraft(Draft):
     less often than a copy. The round's trace names which of the two drafted it (`Round.source`).
 
     The head reads the target's features only in the rounds it drafts: the rows of the
-    rounds in between stay tapped (cut to what was kept) and are read all at once, in one
-    head step, the next time it drafts. Chains only: a tree round's kept rows are not a
-    prefix of what was tapped.
+    rounds in between stay tapped (cut to what was kept, a tree round's to its kept path)
+    and are read all at once, in one head step, the next time it drafts. A tree round is
+    the same choice: n-gram lookup's tree, or the head's (not capped: a tree's nodes
+    are what the round pays for).
     """
 
     kind = "hybrid"
+    drafts_trees = True
 
     def __init__(
         self,
@@ -48,15 +50,24 @@ class HybridDraft(Draft):
     def watching_target(self) -> contextlib.AbstractContextManager:
         return self.head.watching_target()
 
-    def propose(self, seq, k, sampling, generator, stop=None) -> Proposal:
+    def _copies(self, seq) -> bool:
         matched, _ = self.ngram.suffix_matches(seq[0])
-        if matched >= self.min_match:
+        return matched >= self.min_match
+
+    def propose(self, seq, k, sampling, generator, stop=None) -> Proposal:
+        if self._copies(seq):
             proposal = self.ngram.propose(seq, k, sampling, generator, stop)
             proposal.source = "ngram"
         else:
             proposal = self.head.propose(seq, min(k, self.head_k or k), sampling, generator, stop)
             proposal.source = "head"
         return proposal
+
+    def propose_tree(self, seq, depth, shape, stop_ids):
+        source = "ngram" if self._copies(seq) else "head"
+        tree = getattr(self, source).propose_tree(seq, depth, shape, stop_ids)
+        tree.source = source
+        return tree
 
     def rollback(self, length: int, rows: list[int] | None = None) -> None:
         self.head.rollback(length, rows)

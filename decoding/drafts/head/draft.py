@@ -143,9 +143,12 @@ class HeadDraft(Draft):
     def rollback(self, length: int, rows: list[int] | None = None) -> None:
         # Only the rows the target read from its own features are real; the
         # drafted rows go. Of the tapped rows, those past `length` (or, after a
-        # tree round, those not in `rows`) were refused.
+        # tree round, those of its pass not in `rows`) were refused. Rows of
+        # earlier passes the head has not read yet (a hybrid's n-gram rounds) stay.
         self.cache.crop(self.fed)
         keep = length - self.fed
         for i, parts in self.rows.items():
-            tapped = torch.cat(parts, dim=0)
-            self.rows[i] = [tapped[:keep] if rows is None else tapped[rows]]
+            if rows is None:
+                self.rows[i] = [torch.cat(parts, dim=0)[:keep]]
+            else:
+                self.rows[i] = [*parts[:-1], parts[-1][rows]]
