@@ -1,15 +1,18 @@
 """Side by side on one machine: the trained head's step through the layer kernel and through its modules.
 
-Two figures, both against plain target steps measured in the same process:
+Three ways to run the same head: the layer kernel reading its float16 weights
+as float16 (`kernel`, the default), the layer kernel reading float32 copies
+(`kernel-float32`), and the head's own torch modules (`eager`). Two figures,
+both against plain target steps measured in the same process:
 
 - `step_ms`: medians of one-row steps after 100 cached rows, interleaved
-  (target, kernel head, eager head, ...): a plain target step (`forward`,
-  one token) and a head drafting step (`step_logits`: its layer, norm and
+  (target, then each way in turn): a plain target step (`forward`, one
+  token) and a head drafting step (`step_logits`: its layer, norm and
   output layer over one row);
 - `c`: the bench's draft cost (`costmodel.draft_ms_per_token` over
   `costmodel.target_ms_per_token`) of greedy k = 3 runs on the first dev
-  prompt of each of `--prompts` categories, in turns (plain, kernel head,
-  eager head), medians over prompts and turns.
+  prompt of each of `--prompts` categories, in turns (plain, then each way),
+  medians over prompts and turns.
 
 SmolLM2-135M and its shipped head in the default CPU mode. Run from the
 repository root: `.venv/bin/python -m scripts.head_step_ab [--prompts 2 --tokens 64 --turns 2]`.
@@ -101,7 +104,14 @@ def main() -> None:
     target = load_model(TARGET, "cpu")
     kernel = build_draft("head", target)
     assert isinstance(kernel.stepper, HeadKernel), "the default CPU mode is not in use here"
-    drafts = {"kernel": kernel, "eager": HeadDraft(kernel.head, target.model, "head", kernel=False)}
+    assert kernel.stepper.half, "the shipped head is not float16 here"
+    float32 = HeadDraft(kernel.head, target.model, "head", kernel=False)
+    float32.stepper = HeadKernel(kernel.head, half=False)
+    drafts = {
+        "kernel": kernel,
+        "kernel-float32": float32,
+        "eager": HeadDraft(kernel.head, target.model, "head", kernel=False),
+    }
     rows = [encode_prompt(target, r["prompt"], chat=True) for r in read_prompts(DEV, limit=1)[: args.prompts]]
     long_ids = torch.cat([rows[0]] * (CONTEXT // rows[0].shape[1] + 2), dim=1)
     steps = step_times(target, drafts, long_ids)

@@ -71,7 +71,8 @@ class HeadKernel:
             and head.c.head_dim % 2 == 0
         )
 
-    def __init__(self, head: EagleHead) -> None:
+    def __init__(self, head: EagleHead, half: bool = True) -> None:
+        """`half`: read float16 copies of the weights where float16 holds them exactly (False: never)."""
         c, layer = head.c, head.midlayer
         attn, mlp = layer.self_attn, layer.mlp
         # Fused as the target's layers are: the parts' weights become views, so the eager modules still work.
@@ -80,7 +81,7 @@ class HeadKernel:
         self.c, self.head = c, head
         products = [self.qkv, attn.o_proj, self.gate_up, mlp.down_proj, head.lm_head]
         weights = [m.weight.detach() for m in products]
-        self.half = exactly_half(weights)
+        self.half = half and exactly_half(weights)
         # Kept here: the structs below hold only their addresses.
         self.weights = [w.half() for w in weights] if self.half else weights
         qkv, o, gate_up, down, self.lm_head = self.weights
