@@ -39,10 +39,12 @@ NEXT_ROUND_JS = (
 
 # A pair names a target and a draft spec as `build_draft` reads it; the sidebar's draft
 # controls follow from the spec (`pair_controls`), so their labels live in `DRAFT_SOURCES` only.
+# The first is the page's default: the pair that was fastest on the dev prompts
+# (scripts/bench-offline-default.sh, docs/trained-head.md).
 OFFLINE_PAIRS = {
+    "SmolLM2-135M · n-gram + trained head (offline)": ("smollm2-135m", "ngram+head"),
     "SmolLM2-135M · n-gram draft (offline)": ("smollm2-135m", "ngram"),
     "SmolLM2-135M · trained draft head (offline)": ("smollm2-135m", "head"),
-    "SmolLM2-135M · n-gram + trained head (offline)": ("smollm2-135m", "ngram+head"),
     "SmolLM2-135M · its first 10 layers (offline)": ("smollm2-135m", "layers:10"),
     "Gemma-3-270M · n-gram draft (offline)": ("gemma3-270m", "ngram"),
     "Gemma-3-270M ← SmolLM2-135M, another tokenizer (offline)": ("gemma3-270m", "smollm2-135m"),
@@ -156,17 +158,18 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
 
 def _setting_controls() -> dict[str, gr.components.Component]:
     names = presets()
+    target, source, _, _ = pair_controls(*next(iter(OFFLINE_PAIRS.values())))  # the default pair's
     return {
         "target": gr.Dropdown(
             names,
-            value=OFFLINE_PRESETS[0],
+            value=target,
             allow_custom_value=True,
             label="Target (preset, folder or hub id)",
             elem_id="target",
         ),
         "draft_source": gr.Radio(
             list(common.DRAFT_SOURCES),
-            value=next(iter(common.DRAFT_SOURCES)),
+            value=source,
             label="Draft source",
             elem_id="source",
         ),

@@ -578,7 +578,8 @@ def test_a_k_typed_past_its_range_is_not_silently_moved(page):
 
 def test_the_pair_box_names_the_pair_only_while_the_settings_are_it(page):
     pair = page.locator("#pair input")
-    assert pair.input_value() == "SmolLM2-135M · n-gram draft (offline)"
+    assert pair.input_value() == "SmolLM2-135M · n-gram + trained head (offline)"  # the default pair
+    assert page.get_by_role("radio", name="n-gram where the text repeats, else the head").is_checked()
     page.get_by_role("radio", name="suffix decoding (this session's runs)").check()
     page.wait_for_function(
         "document.querySelector('#pair input').value.startsWith('Your own choice')", timeout=30_000

@@ -93,8 +93,8 @@ def explore_views(trace: Trace) -> list:
 
 
 def default_prompt() -> str:
-    """The example run's prompt: where n-gram drafting measurably wins on a 2-core CPU
-    (docs/app.md), so the first Run shows the idea working."""
+    """The example run's prompt: where drafting measurably wins on a 2-core CPU, with the
+    default pair as with n-gram lookup (docs/app.md), so the first Run shows the idea working."""
     return Trace.load(example_traces()[EXAMPLE_RUN]).meta.prompt
 
 
@@ -105,7 +105,8 @@ def example_run() -> list:
     m = trace.meta
     status = (
         f"**Example run**, replayed from `assets/traces/{EXAMPLE_RUN}.json` ({m.target}, {m.draft} draft, "
-        f"k = {m.policy.k}, measured on a 2-core CPU). Press **Run** to decode the prompt above here."
+        f"k = {m.policy.k}, measured on a 2-core CPU). Press **Run** to decode the prompt above here, "
+        "with the pair and settings in the sidebar."
     )
     return [*explore_views(trace), status]
 
