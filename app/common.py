@@ -25,6 +25,7 @@ import gradio as gr
 
 from decoding.api import RunConfig
 from decoding.core.budget import RunBudget
+from decoding.drafts import HYBRID_HEAD_K
 from decoding.errors import SpecLensError
 from decoding.models.loading import layer_count
 from decoding.models.paths import check_allowed
@@ -44,7 +45,8 @@ TIME_LIMIT_S = float(os.environ.get("SPECLENS_TIME_LIMIT_S", "180"))
 DRAFT_SOURCES = {
     "n-gram (prompt lookup)": "ngram",
     "trained draft head (EAGLE-3)": "head",
-    "n-gram where the text repeats, else the head": "ngram+head",
+    # The head's rounds are capped: the label says so, as k would say otherwise.
+    f"n-gram where the text repeats, else the head ({HYBRID_HEAD_K} tokens at most)": "ngram+head",
     "suffix decoding (this session's runs)": "suffix",
     "first N layers of the target": "layers",
     "separate draft model": "model",

@@ -179,9 +179,12 @@
   };
   const describe = (round, s, total, index) => {
     const drafts = [...round.querySelectorAll('[data-step="draft"]')];
+    // A tree round's chips are its main line (the kept path, then the best refused child).
+    const nodes = round.dataset.treeNodes, line = nodes ? " on the main line" : "";
     let what;
-    if (s === 0) what = `the draft proposes ${drafts.length} token${drafts.length === 1 ? "" : "s"}`;
-    else if (s <= drafts.length) what = `token ${s} of ${drafts.length}: ${VERDICT[kindOf(drafts[s - 1], VERDICT)] || "judged"}`;
+    if (s === 0 && nodes) what = `the draft proposes a tree of ${nodes} tokens; its main line holds ${drafts.length}`;
+    else if (s === 0) what = `the draft proposes ${drafts.length} token${drafts.length === 1 ? "" : "s"}`;
+    else if (s <= drafts.length) what = `token ${s} of ${drafts.length}${line}: ${VERDICT[kindOf(drafts[s - 1], VERDICT)] || "judged"}`;
     else what = OWN[kindOf(round.querySelector('[data-step="emit"]'), OWN)] || "the target's own token";
     return `Round ${index + 1} of ${total}: ${what}`;
   };

@@ -469,6 +469,11 @@ def test_a_tree_run_draws_the_tree_of_the_chosen_round(page):
     )
     assert "tree of" in page.locator("#timeline [data-round='0'] .sl-label").inner_text()
     page.locator("#tree-plot").screenshot(path=ARTIFACTS / "tree.png")
+    page.locator("h1").first.click()
+    page.keyboard.press("ArrowRight")  # the step-through names the tree, not only its main line
+    nodes = page.locator("#timeline [data-round='0']").get_attribute("data-tree-nodes")
+    assert stepper_at(page).startswith("Round 1 of"), stepper_at(page)
+    assert f"proposes a tree of {nodes} tokens; its main line holds" in stepper_at(page)
 
 
 def test_the_pair_with_two_tokenizers_from_the_sidebar(page):
@@ -579,7 +584,9 @@ def test_a_k_typed_past_its_range_is_not_silently_moved(page):
 def test_the_pair_box_names_the_pair_only_while_the_settings_are_it(page):
     pair = page.locator("#pair input")
     assert pair.input_value() == "SmolLM2-135M · n-gram + trained head (offline)"  # the default pair
-    assert page.get_by_role("radio", name="n-gram where the text repeats, else the head").is_checked()
+    assert page.get_by_role(
+        "radio", name="n-gram where the text repeats, else the head (2 tokens at most)"
+    ).is_checked()
     page.get_by_role("radio", name="suffix decoding (this session's runs)").check()
     page.wait_for_function(
         "document.querySelector('#pair input').value.startsWith('Your own choice')", timeout=30_000
@@ -598,7 +605,7 @@ def test_a_token_opens_its_popover_on_a_click(page):
     chip.click()
     tip = page.locator("#sl-tip")
     assert tip.is_visible() and "target's probability" in tip.inner_text()
-    assert "chance to keep" in tip.inner_text()
+    assert "the target's own top choice" in tip.inner_text()  # the example run is greedy
     page.mouse.move(5, 5)
     assert tip.is_visible()  # pinned: it stays when the pointer leaves
     page.locator("h1").first.click()

@@ -267,6 +267,9 @@ def test_a_tree_round_is_drawn_explained_and_labelled(tiny_target):
     assert "tree of 7" in html
     chain = speculative_generate(tiny_target, ids, NGramDraft(), make_policy("fixed", 3), max_new_tokens=5)
     assert "chain, not a tree" in tree_figure(chain.rounds[0]).layout.annotations[0].text
+    rnd.source = "head"  # a hybrid draft's round: the chart and the sentence name the source
+    assert "by head, 3 kept" in tree_figure(rnd, 0).layout.title.text.replace("<br>", " ")
+    assert explain_round(rnd, 0).startswith("Round 1: the draft (head) proposed a tree of 7 tokens")
 
 
 def test_refused_branches_are_explained(tiny_target, tiny_draft):

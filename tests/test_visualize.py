@@ -30,6 +30,7 @@ from decoding.trace import (
     Round,
     RunMeta,
     Trace,
+    TreeNode,
     Verdict,
     token_frame,
     validate,
@@ -99,7 +100,15 @@ def test_timeline_escapes_and_colours_every_kind():
     assert html.count("data-round=") == 3
     assert "↵" in html  # a newline token stays visible
     tips = html_lib.unescape(html)  # the popover text, as the page shows it
-    assert "draft's probability q = 0.800" in tips and "chance to keep" in tips
+    assert "draft's probability q = 0.800" in tips
+    # Greedy (the trace's sampling): the target's top choice decides, not min(1, p ÷ q).
+    assert "kept only if it is the target's own top choice" in tips and "chance to keep" not in tips
+    sampled = hand_made()
+    sampled.meta.sampling = Sampling(temperature=1.0)
+    for v in (v for r in sampled.rounds for v in r.verdicts if v.kind != "discarded"):
+        v.u = 0.0 if v.kind == "accepted" else 0.999  # a sampled run's draws, each on its verdict's side
+    sampled_tips = html_lib.unescape(timeline_html(sampled))
+    assert "chance to keep = min(1, p ÷ q)" in sampled_tips and "top choice" not in sampled_tips
 
 
 def test_a_round_label_says_what_it_drafted_not_k():
@@ -424,6 +433,17 @@ def test_a_first_run_slowed_by_its_start_is_not_blamed_on_its_rounds():
     assert "its start made the difference" in why and "first token came after 0.950 s" in why
     assert "after 0.400 s" in why and "the prompt's prefill, 0.900 s" in why
     assert "draft tokens (" not in why
+
+
+def test_the_why_sentence_says_a_tree_runs_count_is_of_its_main_lines():
+    """A tree round's draft and verdicts are its main line; the sentence must not let them pass for every node."""
+    chain = html_lib.unescape(stats_html(SLOWER["slow-rounds"]()))
+    trees = SLOWER["slow-rounds"]()
+    for r in trees.rounds:  # the main line's token, and a sibling the target never tried
+        r.tree = [TreeNode(1, " a", 0.9, -1, 1, 0.9, True), TreeNode(3, " c", 0.1, -1, 1, None, False)]
+    why = html_lib.unescape(stats_html(trees))
+    assert "of the 32 draft tokens on the trees' main lines (" in why, why
+    assert "draft tokens (" in chain and "main lines" not in chain
 
 
 def test_cards_show_time_to_first_token_and_decode_rate_for_both_runs():

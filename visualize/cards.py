@@ -97,9 +97,10 @@ def slower_because(trace: Trace) -> str:
     drafted = [r for r in trace.rounds if r.drafted]
     nothing = len(trace.rounds) - len(drafted)
     idle = f"; in {nothing} of {t.rounds} rounds the draft had nothing to propose" if nothing else ""
+    where = " on the trees' main lines" if any(r.tree for r in trace.rounds) else ""
     return (
         # Tokens after a refusal are never judged: "right x% of the time" would count them as wrong.
-        f"{total}. The target kept {t.accepted} of the {t.proposed} draft tokens ({t.acceptance_rate:.0%}, "
+        f"{total}. The target kept {t.accepted} of the {t.proposed} draft tokens{where} ({t.acceptance_rate:.0%}, "
         f"those after a refusal never judged){idle}, so after the first "
         f"token a round made {made:.2f} tokens while it cost {cost:.2f} plain target steps (drafting, "
         f"checking, bookkeeping): ×{ratio:.2f} plain decoding's pace. {start}"

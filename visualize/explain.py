@@ -17,6 +17,8 @@ from decoding.trace import Round
 # Everything Markdown (and Gradio's $$ LaTeX) would read as syntax; HTML's <, > and & become entities.
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~$])")
 
+SOURCE_LABELS = {"ngram": "n-gram", "head": "head"}  # which source of a hybrid draft drafted a round
+
 
 def md_escape(text: str) -> str:
     """Text that Markdown shows as written, and in which no HTML tag survives."""
@@ -111,13 +113,18 @@ def _explain_chain(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]
     return head + f"{proposed}; the target {kept}{why}, {wrote}{tail}."
 
 
+def _by(rnd: Round) -> str:
+    """ " (n-gram)" or " (head)" for a round a hybrid draft gave to one of its sources; else nothing."""
+    return f" ({SOURCE_LABELS.get(rnd.source, rnd.source)})" if rnd.source else ""
+
+
 def _explain_tree(rnd: Round, index: int, greedy: bool, q: Callable[[str], str]) -> str:
     nodes, e = rnd.tree, rnd.emitted
     path = [i for i, n in enumerate(nodes) if n.accepted]
     first = [n.text for n in nodes if n.parent == -1]
     depth = max(n.depth for n in nodes)
     proposed = (
-        f"Round {index + 1}: the draft proposed a tree of {len(nodes)} tokens, up to {depth} deep "
+        f"Round {index + 1}: the draft{_by(rnd)} proposed a tree of {len(nodes)} tokens, up to {depth} deep "
         f"(first guesses {', '.join(map(q, first))})"
     )
     kept = (

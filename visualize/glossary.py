@@ -25,8 +25,9 @@ GLOSSARY: dict[str, Term] = {
         Term(
             "acceptance rate",
             "Of all the draft tokens proposed, the share the target kept: accepted / proposed. Tokens after "
-            "a refusal count as proposed though never judged, so it falls as k grows. vLLM's acceptance "
-            "rate is the same ratio.",
+            "a refusal count as proposed though never judged, so it falls as k grows. A token tree counts "
+            "its main line: the kept path and the best refused child after it, not every node. vLLM's "
+            "acceptance rate is the same ratio.",
             ("acceptance rate", "acceptance_rate"),
         ),
         Term(

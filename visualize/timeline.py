@@ -20,7 +20,7 @@ from html import escape
 
 from decoding.trace import Round, TopToken, Trace
 
-from .explain import explain_round
+from .explain import SOURCE_LABELS, explain_round
 
 KIND_LABELS = {
     "prompt": "prompt",
@@ -41,7 +41,6 @@ KIND_COLOURS = {
     "bonus": "blue",
     "target": "purple",
 }
-SOURCE_LABELS = {"ngram": "n-gram", "head": "head"}  # which source of a hybrid draft drafted a round
 
 
 def _shown(text: str) -> str:
@@ -136,11 +135,15 @@ def _translation_line(rnd: Round, j: int) -> str:
     return f"\nfrom the draft's own token{'s' * (len(t.sources[j]) > 1)} {own}, re-encoded for the target"
 
 
-def _draft_chip(rnd: Round, j: int, prompt_texts: list[str], typed: range) -> str:
+def _draft_chip(rnd: Round, j: int, prompt_texts: list[str], typed: range, greedy: bool) -> str:
     tok, v = rnd.draft[j], rnd.verdicts[j]
     tip = f"{KIND_LABELS[v.kind]} · position {j + 1}\ndraft's probability q = {_fmt(tok.q)}"
     if v.kind == "discarded":
         tip += "\nnever judged: it came after a rejected token, so the target's scores for it mean nothing"
+    elif greedy:  # the rule is the target's top choice, not min(1, p ÷ q)
+        tip += (
+            f"\ntarget's probability p = {_fmt(v.p)}\ngreedy: kept only if it is the target's own top choice"
+        )
     else:
         tip += (
             f"\ntarget's probability p = {_fmt(v.p)}\nchance to keep = min(1, p ÷ q) = {_fmt(v.accept_prob)}"
@@ -156,7 +159,7 @@ def _draft_chip(rnd: Round, j: int, prompt_texts: list[str], typed: range) -> st
 def _round_html(
     rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str], typed: range
 ) -> str:
-    chips = [_draft_chip(rnd, j, prompt_texts, typed) for j in range(rnd.drafted)]
+    chips = [_draft_chip(rnd, j, prompt_texts, typed, greedy) for j in range(rnd.drafted)]
     if rnd.emitted is not None:
         e = rnd.emitted
         tip = f"{KIND_LABELS[e.kind]}\ntarget's probability p = {_fmt(e.p)}" + _turn_lines(rnd)

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from decoding.trace import Round, TreeNode
 
 from .charts import COLORS, _layout
+from .explain import SOURCE_LABELS
 
 
 def _label(text: str, width: int = 10) -> str:
@@ -102,9 +103,10 @@ def tree_figure(rnd: Round | None, index: int = 0) -> go.Figure:
     bottom = max(rows.values()) + (rnd.emitted is not None) + 0.8
     fig.update_yaxes(visible=False, range=[bottom, -0.8])
     kept = sum(n.accepted for n in nodes)
+    by = f" by {SOURCE_LABELS.get(rnd.source, rnd.source)}" if rnd.source else ""  # a hybrid's source
     return _layout(
         fig,
-        f"Round {index + 1}: a tree of {len(nodes)} drafted tokens, {kept} kept (size: the draft's q)",
+        f"Round {index + 1}: a tree of {len(nodes)} drafted tokens{by}, {kept} kept (size: the draft's q)",
         "depth (tokens after the last verified one)",
         "",
         whole_x=True,
