@@ -274,7 +274,7 @@ def test_the_sweep_compares_draft_sources_and_races_them(client):
     sources = [
         "n-gram (prompt lookup)",
         "trained draft head (EAGLE-3)",
-        "n-gram where the text repeats, else the head (2 tokens at most)",
+        "n-gram where the text repeats, else the head (2 tokens at most a chain round)",
     ]
     over = dict(sweep_over="draft sources", sources=sources, repeats=1, max_new_tokens=12)
     speedup, tokens, table, csv_path, summary, race = client.predict(**sweep_args(**over), api_name="/sweep")

@@ -585,7 +585,7 @@ def test_the_pair_box_names_the_pair_only_while_the_settings_are_it(page):
     pair = page.locator("#pair input")
     assert pair.input_value() == "SmolLM2-135M · n-gram + trained head (offline)"  # the default pair
     assert page.get_by_role(
-        "radio", name="n-gram where the text repeats, else the head (2 tokens at most)"
+        "radio", name="n-gram where the text repeats, else the head (2 tokens at most a chain round)"
     ).is_checked()
     page.get_by_role("radio", name="suffix decoding (this session's runs)").check()
     page.wait_for_function(
