@@ -85,14 +85,13 @@ class HeadKernel:
         # Kept here: the structs below hold only their addresses.
         self.weights = [w.half() for w in weights] if self.half else weights
         qkv, o, gate_up, down, self.lm_head = self.weights
-        panels = [None] * 4 if self.half else [m.panels() for m in products[:4]]
+        *panels, self.lm_panels = [None] * 5 if self.half else [m.panels() for m in products]
         self.layer = _Layer(
             _ptr(layer.input_layernorm.weight), _ptr(qkv), _ptr(self.qkv.bias), _ptr(o), _ptr(attn.o_proj.bias),
             _ptr(layer.post_attention_layernorm.weight), _ptr(gate_up), _ptr(self.gate_up.bias), _ptr(down),
             _ptr(mlp.down_proj.bias), *map(_ptr, panels), c.hidden_size, c.num_attention_heads,
             c.num_key_value_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps, c.head_dim**-0.5, self.half,
         )  # fmt: skip
-        self.lm_panels = None if self.half else head.lm_head.panels()
         self.hidden_norm = layer.hidden_norm.weight
         self.cos = self.sin = torch.empty(0, c.head_dim)
 
