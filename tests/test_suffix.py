@@ -66,6 +66,25 @@ def test_the_corpus_stays_within_its_bound_dropping_the_oldest_runs():
     assert corpus.tokens() == 500
 
 
+def test_the_flat_corpus_is_every_run_in_order_whichever_run_grows():
+    """Runs interleave in a shared corpus: the one updated last is the newest, and restoring a
+    snapshot gives back its runs and count."""
+    corpus = SuffixCorpus(max_tokens=40)
+    steps = [(0, 5), (1, 3), (0, 8), (2, 4), (2, 9), (1, 12), (3, 15)]
+    for run, length in steps:
+        corpus.update(run, torch.arange(length) + 100 * run)
+        runs = corpus.snapshot()
+        expected = [t for ids in runs.values() for t in ids.tolist()]
+        assert corpus.flat().tolist() == expected
+        assert corpus.tokens() == len(expected) - len(runs) and corpus.tokens() <= 40
+        assert all(ids[-1] == -1 for ids in runs.values())
+    assert list(corpus.snapshot()) == [2, 1, 3]  # run 0 went first, once run 3 came
+    kept = corpus.snapshot()
+    corpus.update(4, torch.arange(30))
+    corpus.restore(kept)
+    assert corpus.tokens() == 9 + 12 + 15 and corpus.flat().tolist()[-16:] == [*range(300, 315), -1]
+
+
 def test_the_draft_length_follows_the_match():
     corpus = SuffixCorpus()
     corpus.update(0, torch.tensor([5, 6, 7, 8, 9, 10, 11, 12, 13, 14]))

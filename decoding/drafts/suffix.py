@@ -25,21 +25,35 @@ MAX_CORPUS_TOKENS = 200_000  # about 1.6 MB of int64 ids; the oldest runs go fir
 
 
 class SuffixCorpus:
-    """Token sequences by run, oldest first, within `max_tokens` in all; safe across threads."""
+    """Token sequences by run, oldest first, within `max_tokens` in all; safe across threads.
+
+    Each run is kept with a -1 after it, so that no match spans two runs. Only the newest run
+    changes from one round to the next, so the older runs stay flattened in one tensor and a
+    round joins just the newest to them: rebuilding the whole corpus each round would cost time
+    in proportion to every run it holds."""
 
     def __init__(self, max_tokens: int = MAX_CORPUS_TOKENS) -> None:
         self.max_tokens = max_tokens
         self._runs: OrderedDict[int, torch.Tensor] = OrderedDict()
         self._lock = threading.Lock()
+        self._older: torch.Tensor | None = None  # every run but the newest, flattened
         self._flat: torch.Tensor | None = None
+        self._tokens = 0  # kept as runs come and go: summing every run each round costs O(runs)
 
     def update(self, run: int, tokens: torch.Tensor) -> None:
         """Set run `run`'s sequence (it grows each round), then drop the oldest runs over the bound."""
         with self._lock:
-            self._runs[run] = tokens.detach().to("cpu", torch.long)
+            if not self._runs or next(reversed(self._runs)) != run:
+                self._older = None  # a different run becomes the newest
+            ids = tokens.detach().to("cpu", torch.long).flatten()
+            if run in self._runs:
+                self._tokens -= self._runs[run].numel() - 1
+            self._runs[run] = torch.cat([ids, ids.new_full((1,), -1)])
+            self._tokens += ids.numel()
             self._runs.move_to_end(run)
-            while len(self._runs) > 1 and self.tokens() > self.max_tokens:
-                self._runs.popitem(last=False)
+            while len(self._runs) > 1 and self._tokens > self.max_tokens:
+                self._tokens -= self._runs.popitem(last=False)[1].numel() - 1
+                self._older = None
             self._flat = None
 
     def snapshot(self) -> OrderedDict[int, torch.Tensor]:
@@ -50,17 +64,20 @@ class SuffixCorpus:
     def restore(self, runs: OrderedDict[int, torch.Tensor]) -> None:
         with self._lock:
             self._runs = OrderedDict(runs)
-            self._flat = None
+            self._tokens = sum(t.numel() - 1 for t in self._runs.values())
+            self._older = self._flat = None
 
     def tokens(self) -> int:
-        return sum(t.numel() for t in self._runs.values())
+        return self._tokens
 
     def flat(self) -> torch.Tensor:
-        """Every run's tokens in one row, runs separated by -1 so no match spans two."""
+        """Every run's tokens in one row, each followed by -1."""
         with self._lock:
             if self._flat is None:
-                parts = [p for t in self._runs.values() for p in (t, torch.tensor([-1]))]
-                self._flat = torch.cat(parts) if parts else torch.empty(0, dtype=torch.long)
+                runs = list(self._runs.values())
+                if self._older is None:
+                    self._older = torch.cat(runs[:-1]) if len(runs) > 1 else torch.empty(0, dtype=torch.long)
+                self._flat = torch.cat([self._older, *runs[-1:]])
             return self._flat
 
 
