@@ -47,7 +47,7 @@ DRAFT_SOURCES = {
     "trained draft head (EAGLE-3)": "head",
     # The head's rounds are capped: the label says so, as k would say otherwise.
     f"n-gram where the text repeats, else the head ({HYBRID_HEAD_K} tokens at most a chain round)": "ngram+head",
-    "suffix decoding (this session's runs)": "suffix",
+    "suffix decoding (this prompt and this session's runs)": "suffix",
     "first N layers of the target": "layers",
     "separate draft model": "model",
 }

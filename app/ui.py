@@ -337,8 +337,9 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     """The cost model with sliders, this machine's measured verify cost, trees, and a simulation."""
     gr.Markdown(
         "Each drafted token is accepted with probability **α**; a draft step costs **c** target steps; "
-        "checking γ+1 tokens costs **1 + b·γ** target steps (b = 0 on a GPU, well above 0 on these "
-        "CPUs). A round yields (1 − α^(γ+1)) / (1 − α) tokens on average."
+        "checking γ+1 tokens costs **1 + b·γ** target steps (b near 0 on a large GPU; once V(n) is "
+        "measured here, this machine's own cost replaces the b slider). A round yields "
+        "(1 − α^(γ+1)) / (1 − α) tokens on average."
     )
     with gr.Row():
         alpha = gr.Slider(0.0, 0.99, value=0.7, step=0.01, label="α: acceptance")
@@ -371,14 +372,16 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     measuring = checked.success(
         theory.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
     )
+    trees = _tree_theory(alpha, c, growth, measured)
     for found in (opened.then, measuring.success):
         found(*best_gamma, **PRIVATE)
         found(*concurrency, **PRIVATE)
-    _tree_theory(demo, alpha, c, growth)
+        found(*trees, **PRIVATE)
     _simulation(alpha)
 
 
-def _tree_theory(demo: gr.Blocks, alpha, c, growth) -> None:
+def _tree_theory(alpha, c, growth, measured) -> tuple:
+    """The Trees section; returns its (function, inputs, outputs) for the measured cost to rerun."""
     gr.Markdown(
         "### Trees\nA node's r-th candidate is the target's token with probability α (the first), "
         "**α₂** (the second), then less by α₂/α per rank; a node is accepted when its whole path is. "
@@ -390,21 +393,17 @@ def _tree_theory(demo: gr.Blocks, alpha, c, growth) -> None:
         depth = gr.Slider(1, 8, value=4, step=1, label="tree depth")
     text = gr.Markdown(elem_id="tree-theory-text")
     plot = gr.Plot(show_label=False)
-    inputs = [alpha, alpha2, branch, depth, c, growth]
-    gr.on(
-        [x.change for x in inputs] + [demo.load],
-        theory.run_tree_theory,
-        inputs,
-        [plot, text],
-        api_name="tree_theory",
-    )
+    trees = (theory.run_tree_theory, [alpha, alpha2, branch, depth, c, growth, measured], [plot, text])
+    gr.on([alpha.change, alpha2.change, branch.change, depth.change, c.change, growth.change], *trees,
+          api_name="tree_theory")  # fmt: skip
+    return trees
 
 
 def _simulation(alpha) -> None:
     gr.Markdown("### Simulate\nRandom rounds at acceptance α, no model: watch them arrive.")
     with gr.Row():
         gamma = gr.Slider(1, 10, value=4, step=1, label="k: tokens drafted per round")
-        rounds = gr.Slider(1, 30, value=8, step=1, label="rounds")
+        rounds = gr.Slider(1, 30, value=20, step=1, label="rounds")
         seed = gr.Number(value=0, precision=0, label="seed")
         button = gr.Button("Simulate", elem_id="simulate")
         stop = gr.Button("Stop", variant="stop", elem_id="sim-stop")

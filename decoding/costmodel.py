@@ -22,6 +22,14 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def tokens_per_round_sd(alpha: float, gamma: int) -> float:
+    """The standard deviation of one round's tokens: j drafts accepted with probability
+    α^j·(1 − α) for j < γ and α^γ for all γ, and the round yields j + 1."""
+    probs = [alpha**j * (1 - alpha) for j in range(gamma)] + [alpha**gamma]
+    mean = sum((j + 1) * p for j, p in enumerate(probs))
+    return max(0.0, sum((j + 1) ** 2 * p for j, p in enumerate(probs)) - mean**2) ** 0.5
+
+
 def expected_speedup(alpha: float, gamma: int, c: float) -> float:
     """Leviathan's formula: checking gamma+1 tokens costs one target step."""
     return expected_tokens(alpha, gamma) / (gamma * c + 1)
@@ -70,18 +78,18 @@ def expected_tokens_tree(rank_acceptance: Sequence[float], depth: int, nodes: in
 
 
 def expected_speedup_tree(
-    ranks: Sequence[float], depth: int, nodes: int, c: float, verify_growth: float
+    ranks: Sequence[float], depth: int, nodes: int, c: float, verify_ratio: Callable[[int], float]
 ) -> float:
     """A round drafts `depth` levels (c target steps each, whatever the size) and checks
-    nodes + 1 tokens at 1 + b·nodes target steps."""
-    return expected_tokens_tree(ranks, depth, nodes) / (depth * c + 1 + verify_growth * nodes)
+    nodes + 1 tokens at verify_ratio(nodes + 1) target steps (`linear_verify(b)`: 1 + b·nodes)."""
+    return expected_tokens_tree(ranks, depth, nodes) / (depth * c + verify_ratio(nodes + 1))
 
 
 def best_tree_size(
-    ranks: Sequence[float], depth: int, c: float, verify_growth: float, max_nodes: int = 32
+    ranks: Sequence[float], depth: int, c: float, verify_ratio: Callable[[int], float], max_nodes: int = 32
 ) -> tuple[int, list[float]]:
     """The tree size N with the best expected speedup, and the speedup for N = 1..max_nodes."""
-    speedups = [expected_speedup_tree(ranks, depth, n, c, verify_growth) for n in range(1, max_nodes + 1)]
+    speedups = [expected_speedup_tree(ranks, depth, n, c, verify_ratio) for n in range(1, max_nodes + 1)]
     return 1 + max(range(max_nodes), key=speedups.__getitem__), speedups
 
 

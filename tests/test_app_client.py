@@ -13,7 +13,7 @@ from gradio_client import Client, handle_file
 from test_metrics import FakeVLLM, reply, serve
 
 from app import common
-from decoding import api
+from decoding import api, costmodel
 from decoding.trace import Trace, validate
 
 pytestmark = pytest.mark.slow
@@ -290,7 +290,7 @@ def test_the_sweep_compares_draft_sources_and_races_them(client):
 def test_suffix_decoding_learns_from_this_sessions_runs_only(client, live_app):
     """The second run of a prompt drafts from the first one's output; another visitor's first run
     does not: each session has its own corpus."""
-    suffix = dict(draft_source="suffix decoding (this session's runs)", max_new_tokens=32, compare=False)
+    suffix = dict(draft_source="suffix decoding (this prompt and this session's runs)", max_new_tokens=32, compare=False)
     prompt = "Write two sentences about a lighthouse keeper and her cat."
 
     def run(c) -> Trace:
@@ -303,7 +303,7 @@ def test_suffix_decoding_learns_from_this_sessions_runs_only(client, live_app):
     other = run(Client(live_app, analytics_enabled=False, verbose=False))
     assert other.totals.accepted == first.totals.accepted  # nothing of the first visitor's run
     with pytest.raises(Exception, match="suffix decoding learns from this session's earlier runs"):
-        client.predict(**sweep_args(draft_source="suffix decoding (this session's runs)"), api_name="/sweep")
+        client.predict(**sweep_args(draft_source="suffix decoding (this prompt and this session's runs)"), api_name="/sweep")
 
 
 def test_theory_and_simulate(client):
@@ -319,6 +319,8 @@ def test_theory_and_simulate(client):
     assert "fastest at **N =" in text and len(figure_json(fig)["data"]) == 3
     timeline, sentence = client.predict(0.7, 3, 2, 0, api_name="/simulate")
     assert timeline.count("data-round=") == 2 and "2 rounds gave" in sentence
+    spread = 2 * costmodel.tokens_per_round_sd(0.7, 3) / 2**0.5  # two standard errors of the mean
+    assert f"19 runs in 20 land within ±{spread:.2f} of it" in sentence
 
 
 def test_replay_examples_and_upload(client):

@@ -587,7 +587,7 @@ def test_the_pair_box_names_the_pair_only_while_the_settings_are_it(page):
     assert page.get_by_role(
         "radio", name="n-gram where the text repeats, else the head (2 tokens at most a chain round)"
     ).is_checked()
-    page.get_by_role("radio", name="suffix decoding (this session's runs)").check()
+    page.get_by_role("radio", name="suffix decoding (this prompt and this session's runs)").check()
     page.wait_for_function(
         "document.querySelector('#pair input').value.startsWith('Your own choice')", timeout=30_000
     )

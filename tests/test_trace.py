@@ -97,6 +97,8 @@ def test_dataframe_one_row_per_event(tiny_target):
         assert out["output_index"].tolist() == list(range(len(trace.output.token_ids)))
         assert out["token_id"].tolist() == trace.output.token_ids
         assert df[thrown]["output_index"].isna().all()
+        # Rounds and positions count from 1, as the timeline's #1 and the acceptance chart's x do.
+        assert df["round"].min() == 1 and df["round"].max() == len(trace.rounds) and df["position"].min() == 1
         # One judged-and-refused token per round at most; everything after it is discarded, unjudged.
         assert (df[df["kind"] == "rejected"].groupby("round").size() <= 1).all()
         discarded = df[df["kind"] == "discarded"]

@@ -191,9 +191,20 @@ def test_the_best_draft_length_and_tree_size_are_the_formulas_best():
     assert best == 1 + by_formula.index(max(by_formula)) and 1 < best < 12
     assert costmodel.best_gamma(0.0, 0.5, verify, 6)[0] == 1  # nothing accepted: the shortest
     ranks = costmodel.rank_acceptance(0.7, 0.15, 3)
-    size, tree = costmodel.best_tree_size(ranks, 4, 0.05, 0.02, max_nodes=20)
+    size, tree = costmodel.best_tree_size(ranks, 4, 0.05, costmodel.linear_verify(0.02), max_nodes=20)
     assert len(tree) == 20 and tree[size - 1] == max(tree)
-    assert tree[size - 1] == pytest.approx(costmodel.expected_speedup_tree(ranks, 4, size, 0.05, 0.02))
+    by_formula = costmodel.expected_tokens_tree(ranks, 4, size) / (4 * 0.05 + 1 + 0.02 * size)
+    assert tree[size - 1] == pytest.approx(by_formula)
+
+
+def test_a_rounds_spread_is_the_simulations():
+    """The Simulate sentence's ±: one round's standard deviation, as simulated rounds scatter."""
+    sd = costmodel.tokens_per_round_sd(0.7, 4)
+    made = [r.new_tokens for seed in range(200) for r in simulate_trace(0.7, 4, 20, seed).rounds]
+    mean = sum(made) / len(made)
+    assert mean == pytest.approx(costmodel.expected_tokens(0.7, 4), abs=0.1)
+    assert (sum((m - mean) ** 2 for m in made) / len(made)) ** 0.5 == pytest.approx(sd, rel=0.05)
+    assert costmodel.tokens_per_round_sd(1.0, 4) == 0 and costmodel.tokens_per_round_sd(0.0, 4) == 0
 
 
 def test_the_theory_tab_uses_this_machines_measured_verify_cost():
@@ -208,6 +219,17 @@ def test_the_theory_tab_uses_this_machines_measured_verify_cost():
     # Measured verify costs make long drafts dear: the best γ is shorter than with free verification.
     best = int(text.split("**γ = ")[1].split("**")[0])
     assert best < int(run_theory(0.7, 0.1, 0.0, 8)[1].split("**γ = ")[1].split("**")[0])
+    # The trees below use the same measured cost, not the b slider's 0: a tree checks N+1 rows.
+    _, trees = run_tree_theory(0.7, 0.15, 3, 4, 0.1, 0.0, measured)
+    _, free_trees = run_tree_theory(0.7, 0.15, 3, 4, 0.1, 0.0)
+    assert "what the probe measured on this machine" in trees and "1 + 0.00·N" in free_trees
+    size = int(trees.split("**N = ")[1].split("**")[0])
+    assert size < int(free_trees.split("**N = ")[1].split("**")[0])
+    ranks = costmodel.rank_acceptance(0.7, 0.15, 3)
+    expected = costmodel.expected_tokens_tree(ranks, 4, size) / (
+        0.4 + costmodel.verify_ratio_at(measured, size + 1)
+    )
+    assert f"×{expected:.2f} over plain decoding" in trees
 
 
 def test_the_concurrency_what_if_is_the_cost_model_on_a_hand_made_v():
@@ -426,6 +448,35 @@ def test_the_why_sentence_multiplies_out_to_the_cards_figures(name):
     assert pace == pytest.approx(ours / plain, rel=0.025) and f"×{pace:.2f} plain decoding's pace" in why, why
     # Where the rounds beat plain steps, the start is what the sentence blames.
     assert ("its start made the difference" in why) == (ours > plain), why
+
+
+def ending_on_a_round_alone(max_new_tokens: int) -> Trace:
+    """The slow-rounds run (64 tokens) with a 65th from a round that drafted nothing."""
+    trace = timed(0.1, 0.1, 32, 0.1, 0.03)
+    trace.rounds.append(Round(0, [], [], 0, Emitted(3, " c", "target", 0.9), 0.0, 100.0, 100.0))
+    trace.meta.max_new_tokens = max_new_tokens
+    trace.output = Output(trace.output.text + " c", [*trace.output.token_ids, 3])
+    trace.finish(0.1 + 0.1 * 33)
+    times = [0.1 + i * 0.03 for i in range(65)]
+    trace.attach_baseline(
+        Baseline(trace.output.text, trace.output.token_ids, times[-1], 65 / times[-1], times)
+    )
+    return trace
+
+
+def test_a_round_the_token_limit_left_to_the_target_is_not_called_an_idle_draft():
+    """The loop drafts at most the tokens left but one: with one token left, the target writes it."""
+    at_limit, idle = ending_on_a_round_alone(65), ending_on_a_round_alone(128)
+    assert at_limit.left_to_the_target(32) and not at_limit.left_to_the_target(31)
+    assert not idle.left_to_the_target(32)
+    limit_why = html_lib.unescape(stats_html(at_limit))
+    assert "nothing to propose" not in limit_why and "in 1 of 33 rounds the draft had nothing to propose" in (
+        html_lib.unescape(stats_html(idle))
+    )
+    limit_sentence = "the token limit left room for one token only, so nothing was drafted"
+    assert limit_sentence in html_lib.unescape(timeline_html(at_limit))
+    assert limit_sentence not in html_lib.unescape(timeline_html(idle))
+    assert "had nothing to propose" in explain_round(idle.rounds[32], 32)
 
 
 def test_a_first_run_slowed_by_its_start_is_not_blamed_on_its_rounds():

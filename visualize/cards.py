@@ -88,20 +88,25 @@ def slower_because(trace: Trace) -> str:
         return f"{total}. {start}"
     rounds = len(trace.rounds) - 1  # after the first
     made = ours.decode_tokens / rounds
+    # The card's tokens per round counts the first round too: say so where the two differ.
+    card = (
+        f" (the card's {t.tokens_per_round:.2f} counts the first too)"
+        if f"{made:.2f}" != f"{t.tokens_per_round:.2f}"
+        else ""
+    )
     cost = ours.decode_s / rounds / (plain.decode_s / plain.decode_tokens)
     if ratio >= 1:
         return (
-            f"{total}, and its start made the difference. {start} After it, a round made {made:.2f} "
+            f"{total}, and its start made the difference. {start} After the first round{card}, a round made {made:.2f} "
             f"tokens and cost {cost:.2f} plain target steps: ×{ratio:.2f} plain decoding's pace."
         )
-    drafted = [r for r in trace.rounds if r.drafted]
-    nothing = len(trace.rounds) - len(drafted)
+    nothing = sum(not r.drafted and not trace.left_to_the_target(i) for i, r in enumerate(trace.rounds))
     idle = f"; in {nothing} of {t.rounds} rounds the draft had nothing to propose" if nothing else ""
     where = " on the trees' main lines" if any(r.tree for r in trace.rounds) else ""
     return (
         # Tokens after a refusal are never judged: "right x% of the time" would count them as wrong.
         f"{total}. The target kept {t.accepted} of the {t.proposed} draft tokens{where} ({t.acceptance_rate:.0%}, "
         f"those after a refusal never judged){idle}, so after the first "
-        f"token a round made {made:.2f} tokens while it cost {cost:.2f} plain target steps (drafting, "
+        f"round{card} a round made {made:.2f} tokens while it cost {cost:.2f} plain target steps (drafting, "
         f"checking, bookkeeping): ×{ratio:.2f} plain decoding's pace. {start}"
     )

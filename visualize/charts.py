@@ -316,7 +316,9 @@ def acceptance_vs_k(table: pd.DataFrame) -> go.Figure:
         x=table["k"], y=table["tokens_per_round"], mode="lines+markers", name="tokens per round", yaxis="y2"
     )
     fig.update_layout(
-        yaxis={"range": [0, 1]}, yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round"}
+        # Both axes from 0: tokens per round from 2.3 to 2.7 must not look like acceptance 0.1 to 0.9.
+        yaxis={"range": [0, 1]},
+        yaxis2={"overlaying": "y", "side": "right", "title": "tokens/round", "rangemode": "tozero"},
     )
     return _layout(
         fig, "Acceptance against draft length", "k (draft length)", "acceptance rate", whole_x=True
@@ -410,16 +412,16 @@ def concurrency_figure(
 
 
 def tree_theory_figure(
-    ranks: list[float], depth: int, c: float, verify_growth: float, n_max: int = 32
+    ranks: list[float], depth: int, c: float, verify_ratio: Callable[[int], float], n_max: int = 32
 ) -> go.Figure:
     """Expected tokens per round and speedup of the best tree against its size N, beside the chain.
 
     A round drafts `depth` levels (c target steps each, whatever N) and checks
-    N+1 tokens at 1 + b·N target steps.
+    N+1 tokens at verify_ratio(N + 1) target steps.
     """
     sizes = list(range(1, n_max + 1))
     tokens = [costmodel.expected_tokens_tree(ranks, depth, n) for n in sizes]
-    speedup = [costmodel.expected_speedup_tree(ranks, depth, n, c, verify_growth) for n in sizes]
+    speedup = [costmodel.expected_speedup_tree(ranks, depth, n, c, verify_ratio) for n in sizes]
     chain = costmodel.expected_tokens(ranks[0], depth)
     fig = go.Figure()
     fig.add_scatter(x=sizes, y=tokens, mode="lines+markers", name="tokens per round (tree)")

@@ -29,21 +29,24 @@ def _quote(text: str) -> str:
     return "“" + text.replace("\n", "↵") + "”"
 
 
-def explain_round(rnd: Round, index: int, greedy: bool | None = None) -> str:
-    """What the draft proposed, what the target kept, what it rejected and why, what it wrote."""
-    return _explain(rnd, index, greedy, _quote)
+def explain_round(rnd: Round, index: int, greedy: bool | None = None, at_limit: bool = False) -> str:
+    """What the draft proposed, what the target kept, what it rejected and why, what it wrote.
+    `at_limit`: the token limit left room for the target's own token only (Trace.left_to_the_target)."""
+    return _explain(rnd, index, greedy, _quote, at_limit)
 
 
-def explain_round_markdown(rnd: Round, index: int, greedy: bool | None = None) -> str:
+def explain_round_markdown(rnd: Round, index: int, greedy: bool | None = None, at_limit: bool = False) -> str:
     """`explain_step` with token text escaped for a Markdown component."""
-    return _explain(rnd, index, greedy, lambda t: md_escape(_quote(t)))
+    return _explain(rnd, index, greedy, lambda t: md_escape(_quote(t)), at_limit)
 
 
-def _explain(rnd: Round, index: int, greedy: bool | None, q: Callable[[str], str]) -> str:
+def _explain(rnd: Round, index: int, greedy: bool | None, q: Callable[[str], str], at_limit: bool) -> str:
     if greedy is None:
         greedy = all(v.u is None for v in rnd.verdicts)
     if rnd.tree:
         return _explain_tree(rnd, index, greedy, q)
+    if at_limit:
+        return f"Round {index + 1}: the token limit left room for one token only, so nothing was drafted and the target wrote {q(rnd.emitted.text)} itself."
     return _explain_chain(rnd, index, greedy, q) + _explain_translation(rnd, q)
 
 

@@ -71,7 +71,8 @@ GLOSSARY: dict[str, Term] = {
         Term(
             "b (verify cost per extra token)",
             "How much more a target pass costs for each extra token it checks, in plain target steps: "
-            "checking k + 1 tokens costs 1 + b·k. Near 0 on a GPU, well above 0 on a CPU.",
+            "checking k + 1 tokens costs 1 + b·k. Near 0 on a large GPU; on a CPU it grows as more tokens "
+            "are checked (Theory's *Measure V(n)* gives this machine's own).",
             ("b", "b: verify cost per extra token", "b: verify cost per extra token (target steps)"),
         ),
         Term(
@@ -150,7 +151,7 @@ GLOSSARY: dict[str, Term] = {
             ("verify_ratio",),
         ),
         Term(
-            "same output as plain decoding",
+            "identical to plain decoding",
             "Whether the output matches plain decoding's: token for token when greedy in 32 or 64-bit "
             "floats; in distribution only when sampling; 16-bit floats may flip a near-tie.",
             ("identical_to_baseline", "agreement"),

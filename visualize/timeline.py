@@ -118,7 +118,7 @@ def _match_line(rnd: Round, prompt_texts: list[str], typed: range) -> str:
     after = f" after “{key.replace(chr(10), '↵')}”" if key else f" after a matching {m.ngram}-token sequence"
     if m.start < n_prompt:  # the page marks them in the prompt on a click
         folded = " (the chat template's, folded in the prompt)" if m.start not in typed else ""
-        after += f"{folded}\nclick: the prompt shows them marked"
+        after += f"{folded}\nclick: the prompt marks them green, the tokens matched before them dashed"
     return f"\ncopied from {where}{after}"
 
 
@@ -157,7 +157,13 @@ def _draft_chip(rnd: Round, j: int, prompt_texts: list[str], typed: range, greed
 
 
 def _round_html(
-    rnd: Round, index: int, greedy: bool, selected: bool, prompt_texts: list[str], typed: range
+    rnd: Round,
+    index: int,
+    greedy: bool,
+    selected: bool,
+    prompt_texts: list[str],
+    typed: range,
+    at_limit: bool = False,
 ) -> str:
     chips = [_draft_chip(rnd, j, prompt_texts, typed, greedy) for j in range(rnd.drafted)]
     if rnd.emitted is not None:
@@ -178,7 +184,7 @@ def _round_html(
         f'<div class="{cls}" data-round="{index}"{nodes}>'
         f'<span class="sl-label">#{index + 1} · {shape}{timing}</span>'
         f'<span class="sl-chips">{"".join(chips)}</span>'
-        f'<div class="sl-explain">{escape(explain_round(rnd, index, greedy))}</div>'
+        f'<div class="sl-explain">{escape(explain_round(rnd, index, greedy, at_limit))}</div>'
         "</div>"
     )
 
@@ -338,7 +344,10 @@ def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = 
         parts.append(
             f'<div class="sl-prompt"><span class="sl-label">prompt</span>{_prompt_html(trace, chosen, typed)}</div>'
         )
-    parts += [_round_html(s, i, greedy, i == selected, prompt_texts, typed) for i, s in enumerate(steps)]
+    parts += [
+        _round_html(s, i, greedy, i == selected, prompt_texts, typed, trace.left_to_the_target(i))
+        for i, s in enumerate(steps)
+    ]
     if trace.meta.stopped and upto is None:
         parts.append(f'<p class="sl-empty">{escape(trace.meta.stopped.capitalize())}.</p>')
     parts.append("</div>")

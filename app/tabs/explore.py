@@ -87,7 +87,7 @@ def explore_views(trace: Trace) -> list:
         *save_downloads(trace),
         trace.to_dict(),
         round_slider(len(trace.rounds)),
-        explain_round_markdown(first, 0) if first else "",
+        explain_round_markdown(first, 0, at_limit=trace.left_to_the_target(0)) if first else "",
         tree_view(first),
     ]
 
@@ -168,4 +168,5 @@ def explain_round(trace_dict: dict | None, round_no: float):
         return timeline_html(trace), "This run has no rounds.", tree_view(None)
     i = min(max(int(round_no), 1), len(trace.rounds)) - 1
     rnd = trace.rounds[i]
-    return timeline_html(trace, selected=i), explain_round_markdown(rnd, i), tree_view(rnd, i)
+    sentence = explain_round_markdown(rnd, i, at_limit=trace.left_to_the_target(i))
+    return timeline_html(trace, selected=i), sentence, tree_view(rnd, i)

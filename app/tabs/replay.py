@@ -58,7 +58,8 @@ def load_replay(upload: str | None, example: str | None):
 def replay_views(trace: Trace, round_no: int) -> tuple:
     i = min(max(round_no, 1), len(trace.rounds)) - 1
     rnd = trace.rounds[i]
-    return timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(rnd, i), tree_view(rnd, i)
+    sentence = explain_round_markdown(rnd, i, at_limit=trace.left_to_the_target(i))
+    return timeline_html(trace, upto=i + 1, selected=i), sentence, tree_view(rnd, i)
 
 
 def replay_step(trace_dict: dict | None, round_no: float):

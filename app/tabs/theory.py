@@ -4,6 +4,7 @@ the probe measured it, and a simulated run stepped round by round."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from app.common import (
     gpu,
@@ -29,13 +30,17 @@ NOT_MEASURED = (
 )
 
 
+def verify_ratio(verify_growth: float, measured: dict | None) -> Callable[[int], float]:
+    """V(n)/V(1): this machine's where the probe measured it, else the b slider's line. The best
+    γ, the concurrency chart and the trees all use this one."""
+    if measured:
+        return lambda n: costmodel.verify_ratio_at(measured, n)
+    return costmodel.linear_verify(verify_growth)
+
+
 def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, measured: dict | None = None):
     """The best γ under the sliders' verify cost, or under this machine's when it was measured."""
-    verify = (
-        (lambda n: costmodel.verify_ratio_at(measured, n))
-        if measured
-        else costmodel.linear_verify(verify_growth)
-    )
+    verify = verify_ratio(verify_growth, measured)
     best, speedups = costmodel.best_gamma(alpha, c, verify, int(gamma_max))
     checking = (
         "checking γ+1 tokens costing what the probe measured on this machine"
@@ -54,9 +59,7 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, m
 def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict | None = None):
     """What serving several requests at once does to speculation, from this machine's V(n) when measured."""
 
-    def ratio(n: int) -> float:
-        return costmodel.verify_ratio_at(measured, n) if measured else 1.0 + verify_growth * (n - 1)
-
+    ratio = verify_ratio(verify_growth, measured)
     ks = range(1, 7)
     stops = {k: costmodel.break_even_concurrency(alpha, k, c, ratio) for k in ks}
     first = costmodel.CONCURRENCY[0]
@@ -109,26 +112,39 @@ def measured_text(found: dict, when: str) -> str:
     table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in verify_ratios(found).items())
     return (
         f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}) {when}: {table}; "
-        f"one token takes {found['1']['step_ms']:.1f} ms. The curve *speedup (V measured here)* and "
-        "the concurrency chart use them."
+        f"one token takes {found['1']['step_ms']:.1f} ms. The best γ, the curve *speedup (V measured "
+        "here)*, the concurrency chart and the trees use them in place of the b slider."
     )
 
 
-def run_tree_theory(alpha: float, alpha2: float, branch: float, depth: float, c: float, verify_growth: float):
-    """The best tree's expected tokens per round against its size, under the rank-acceptance model."""
+def run_tree_theory(
+    alpha: float,
+    alpha2: float,
+    branch: float,
+    depth: float,
+    c: float,
+    verify_growth: float,
+    measured: dict | None = None,
+):
+    """The best tree's expected tokens per round against its size, under the rank-acceptance model,
+    checked at this machine's measured cost where there is one."""
     ranks = costmodel.rank_acceptance(alpha, alpha2, int(branch))
     depth = int(depth)
-    best, speedups = costmodel.best_tree_size(ranks, depth, c, verify_growth)
+    verify = verify_ratio(verify_growth, measured)
+    best, speedups = costmodel.best_tree_size(ranks, depth, c, verify)
     tokens = costmodel.expected_tokens_tree(ranks, depth, best)
     chain = costmodel.expected_tokens(alpha, depth)
+    checking = (
+        "what the probe measured on this machine" if measured else f"1 + {verify_growth:.2f}·N target steps"
+    )
     text = (
         f"A tree {depth} deep whose candidates are the target's token with probability "
         f"{', '.join(f'{a:.2f}' for a in ranks)} (best first) is fastest at **N = {best}** nodes: "
         f"{tokens:.2f} tokens per round against {chain:.2f} for the chain of {depth} "
         f"(×{tokens / chain:.2f}), ×{speedups[best - 1]:.2f} over plain decoding when drafting a level costs "
-        f"c and checking N+1 tokens 1 + b·N target steps.{_ranks_scaled(alpha, alpha2, ranks)}"
+        f"c and checking N+1 tokens {checking}.{_ranks_scaled(alpha, alpha2, ranks)}"
     )
-    return tree_theory_figure(ranks, depth, c, verify_growth), text
+    return tree_theory_figure(ranks, depth, c, verify), text
 
 
 def _ranks_scaled(alpha: float, alpha2: float, ranks: list[float]) -> str:
@@ -148,8 +164,12 @@ def run_simulation(alpha: float, gamma: float, rounds: float, seed: float, delay
         yield timeline_html(trace, upto=i + 1, selected=i), explain_round_markdown(trace.rounds[i], i)
         time.sleep(delay_s)
     t = trace.totals
+    # A few rounds scatter widely around the formula's mean: say how widely, so a short unlucky
+    # run reads as chance, not as the formula failing.
+    spread = 2 * costmodel.tokens_per_round_sd(float(alpha), int(gamma)) / max(t.rounds, 1) ** 0.5
     yield (
         timeline_html(trace),
         f"{t.rounds} rounds gave {t.new_tokens} tokens: {t.tokens_per_round:.2f} per round "
-        f"(the formula expects {costmodel.expected_tokens(float(alpha), int(gamma)):.2f}).",
+        f"(the formula expects {costmodel.expected_tokens(float(alpha), int(gamma)):.2f}; over "
+        f"{t.rounds} rounds about 19 runs in 20 land within ±{spread:.2f} of it, more rounds closer).",
     )

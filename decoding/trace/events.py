@@ -25,9 +25,10 @@ EVENT_COLUMNS = [
 def token_events(trace: Trace) -> list[dict[str, Any]]:
     """Flatten a trace into token events.
 
-    `position` is the draft position within the round (0-based; the emitted
-    token sits at `n_accepted`); `output_index` numbers the tokens of the
-    output and is None for rejected and discarded drafts. Prompt tokens are
+    `round` and `position` (the draft position within the round; the emitted
+    token sits after the accepted ones) count from 1, as the timeline and the
+    acceptance chart do; `output_index` numbers the tokens of the output from 0
+    and is None for rejected and discarded drafts. Prompt tokens are
     not repeated here (the trace stores the prompt text and count in `meta`).
     """
     rows: list[dict[str, Any]] = []
@@ -37,8 +38,8 @@ def token_events(trace: Trace) -> list[dict[str, Any]]:
             kept = v.kind == "accepted"
             rows.append(
                 {
-                    "round": i,
-                    "position": j,
+                    "round": i + 1,
+                    "position": j + 1,
                     "kind": v.kind,
                     "token_id": tok.id,
                     "text": tok.text,
@@ -54,8 +55,8 @@ def token_events(trace: Trace) -> list[dict[str, Any]]:
             e = r.emitted
             rows.append(
                 {
-                    "round": i,
-                    "position": r.n_accepted,
+                    "round": i + 1,
+                    "position": r.n_accepted + 1,
                     "kind": e.kind,
                     "token_id": e.id,
                     "text": e.text,

@@ -334,6 +334,15 @@ class Trace:
             times.extend([t] * r.new_tokens)
         return times
 
+    def left_to_the_target(self, index: int) -> bool:
+        """Round `index` drafted nothing because the token limit left room for one token only:
+        the target's own. The loop drafts at most max_new_tokens - produced - 1, so only the
+        last round can be such a round."""
+        limit, rounds = self.meta.max_new_tokens, self.rounds
+        if not limit or index != len(rounds) - 1 or rounds[index].drafted:
+            return False
+        return sum(r.new_tokens for r in rounds[:index]) == limit - 1
+
     def finish(self, wall_s: float) -> Totals:
         """Set the totals from the rounds and the run's decoding time."""
         self.totals = Totals.of_rounds(self.rounds, wall_s)
