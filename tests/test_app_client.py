@@ -290,7 +290,9 @@ def test_the_sweep_compares_draft_sources_and_races_them(client):
 def test_suffix_decoding_learns_from_this_sessions_runs_only(client, live_app):
     """The second run of a prompt drafts from the first one's output; another visitor's first run
     does not: each session has its own corpus."""
-    suffix = dict(draft_source="suffix decoding (this prompt and this session's runs)", max_new_tokens=32, compare=False)
+    suffix = dict(
+        draft_source="suffix decoding (this prompt and this session's runs)", max_new_tokens=32, compare=False
+    )
     prompt = "Write two sentences about a lighthouse keeper and her cat."
 
     def run(c) -> Trace:
@@ -303,7 +305,10 @@ def test_suffix_decoding_learns_from_this_sessions_runs_only(client, live_app):
     other = run(Client(live_app, analytics_enabled=False, verbose=False))
     assert other.totals.accepted == first.totals.accepted  # nothing of the first visitor's run
     with pytest.raises(Exception, match="suffix decoding learns from this session's earlier runs"):
-        client.predict(**sweep_args(draft_source="suffix decoding (this prompt and this session's runs)"), api_name="/sweep")
+        client.predict(
+            **sweep_args(draft_source="suffix decoding (this prompt and this session's runs)"),
+            api_name="/sweep",
+        )
 
 
 def test_theory_and_simulate(client):
