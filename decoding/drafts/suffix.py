@@ -29,8 +29,7 @@ class SuffixCorpus:
 
     Each run is kept with a -1 after it, so that no match spans two runs. Only the newest run
     changes from one round to the next, so the older runs stay flattened in one tensor and a
-    round joins just the newest to them: rebuilding the whole corpus each round would cost time
-    in proportion to every run it holds."""
+    round joins just the newest to them, one copy, instead of walking every run it holds."""
 
     def __init__(self, max_tokens: int = MAX_CORPUS_TOKENS) -> None:
         self.max_tokens = max_tokens
