@@ -46,7 +46,10 @@ def _explain(rnd: Round, index: int, greedy: bool | None, q: Callable[[str], str
     if rnd.tree:
         return _explain_tree(rnd, index, greedy, q)
     if at_limit:
-        return f"Round {index + 1}: the token limit left room for one token only, so nothing was drafted and the target wrote {q(rnd.emitted.text)} itself."
+        return (
+            f"Round {index + 1}: the token limit left room for one token only, so nothing was drafted "
+            f"and the target wrote {q(rnd.emitted.text)} itself."
+        )
     return _explain_chain(rnd, index, greedy, q) + _explain_translation(rnd, q)
 
 
