@@ -58,6 +58,16 @@ def forward(
     return out.logits[0]
 
 
+def forward_batch(model: torch.nn.Module, ids: list[torch.Tensor], caches: list[Cache]) -> list[torch.Tensor]:
+    """Each sequence's logits [n_j, vocab] for its new tokens `ids[j]` ([1, n_j]) after its own
+    cache `caches[j]`, all of them in one pass where the lean Llama pass runs (the linear layers
+    over every row at once); elsewhere (the model's own forward, the GPU's static pass) a pass
+    per sequence, the same figures without the batching."""
+    if all(isinstance(c, llama.StepCache) for c in caches):
+        return llama.forward_batch(model, ids, caches)
+    return [forward(model, i, c) for i, c in zip(ids, caches, strict=True)]
+
+
 def crop(cache: Cache, length: int) -> None:
     """Roll the cache back so that it holds the first `length` tokens."""
     extra = cache.get_seq_length() - length

@@ -25,6 +25,7 @@ models, GPUs and compiled models take the model's own forward
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -150,10 +151,20 @@ class _Head(ctypes.Structure):
     ]  # fmt: skip
 
 
+class _Segment(ctypes.Structure):
+    _fields_ = [
+        ("first", _i64), ("n", _i64), ("past", _i64), ("caches", ctypes.POINTER(_LayerCacheView)), ("mask", _Mask),
+    ]  # fmt: skip
+
+
+_CachesPointer = ctypes.POINTER(_LayerCacheView)
+
+
 class _Step(ctypes.Structure):
     _fields_ = [
         ("input", ctypes.c_void_p), ("out", ctypes.c_void_p), ("n", _i64), ("past", _i64),
         ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("mask", _Mask), ("head", ctypes.POINTER(_Head)),
+        ("segments", _i64), ("segment", ctypes.POINTER(_Segment)),
     ]  # fmt: skip
 
 
@@ -329,25 +340,47 @@ def _norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return torch.rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
-def _attention(layer: torch.nn.Module, x, position, cache: _LayerCache, start: int, mask) -> torch.Tensor:
+class _Part(NamedTuple):
+    """One sequence's rows in a pass: `n` new rows after `past` cached ones in its own cache."""
+
+    cache: StepCache
+    past: int
+    n: int
+    mask: torch.Tensor | None  # [1, 1, n, past + n]; None: causal
+
+
+def _attention(layer: torch.nn.Module, x, position, parts: list[_Part], index: int) -> torch.Tensor:
+    """Layer `index`'s attention over the rows of every part: its products over all the rows at
+    once, the rotary embedding, the cache write and attention part by part."""
     attn = layer.self_attn
-    shape = (*x.shape[:-1], -1, attn.head_dim)
     if hasattr(attn, "qkv_proj"):
         q, k, v = attn.qkv_proj(x).split(attn.qkv_sizes, dim=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    sizes = [p.n for p in parts]
+    cos, sin = (t.split(sizes, dim=1) for t in position)
+    outs = [
+        _attend(attn, *qkv, (c, s), p.cache.layers[index], p.past, p.mask)
+        for p, c, s, *qkv in zip(parts, cos, sin, q.split(sizes, 1), k.split(sizes, 1), v.split(sizes, 1))
+    ]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
+
+
+def _attend(attn, q, k, v, position, cache: _LayerCache, start: int, mask) -> torch.Tensor:
+    """One sequence's attention over its cache, [1, n, heads, head_dim]; its keys and values written first."""
+    shape = (*q.shape[:-1], -1, attn.head_dim)
     q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
     q, k = apply_rotary_pos_emb(q, k, *position)
     k, v = cache.write(k, v, start)
     if mask is None:
         out, _ = sdpa_attention_forward(attn, q, k, v, None, scaling=attn.scaling)
-    else:
-        # With a mask (a check of k tokens, a tree) Hugging Face's SDPA copies the keys
-        # and values once per query head, copies that grow with the context;
-        # grouped-query SDPA reads them as they are and gives the same bits.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
-        out = out.transpose(1, 2)
-    return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
+        return out
+    # With a mask (a check of k tokens, a tree) Hugging Face's SDPA copies the keys
+    # and values once per query head, copies that grow with the context;
+    # grouped-query SDPA reads them as they are and gives the same bits.
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+    return out.transpose(1, 2)
 
 
 def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -374,20 +407,43 @@ def forward(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits [keep or n, vocab] for `ids` ([1, n]) after the cached tokens; as `forward.forward`."""
-    inner = model.model
     past, n = cache.get_seq_length(), ids.shape[1]
-    hidden = inner.embed_tokens(ids)
     if position_ids is None:
         position_ids = torch.arange(past, past + n, device=ids.device)[None]
+    return _pass(model, ids, position_ids, [_Part(cache, past, n, mask)], min(keep, n) if keep else n)
+
+
+@torch.inference_mode()
+def forward_batch(
+    model: torch.nn.Module, ids: list[torch.Tensor], caches: list[StepCache]
+) -> list[torch.Tensor]:
+    """Logits [n_j, vocab] for each sequence's new tokens `ids[j]` ([1, n_j]) after its own cached
+    ones, in one pass: the linear layers run over the rows of every sequence at once (where batching
+    pays: the weights are read once for all of them), attention sequence by sequence. Each row gets
+    the bits it gets in a pass of its sequence alone."""
+    parts = [
+        _Part(cache, cache.get_seq_length(), t.shape[1], None) for t, cache in zip(ids, caches, strict=True)
+    ]
+    device = ids[0].device
+    positions = torch.cat([torch.arange(p.past, p.past + p.n, device=device) for p in parts])[None]
+    logits = _pass(model, torch.cat(ids, dim=1), positions, parts, sum(p.n for p in parts))
+    return list(logits.split([p.n for p in parts]))
+
+
+def _pass(model: torch.nn.Module, ids, position_ids, parts: list[_Part], keep: int) -> torch.Tensor:
+    """The logits of the last `keep` rows of `ids`, the rows of `parts` one after another."""
+    inner = model.model
+    hidden = inner.embed_tokens(ids)
     position = inner.rotary_emb(hidden, position_ids)
-    if hasattr(inner.layers[0], "kernel_weights") and not _prompt_alone(past, n):
-        head = _kernel_head(model, min(keep, n) if keep else n)
-        hidden = _kernel_layers(inner, hidden, position, cache, past, mask, head)
+    alone = len(parts) == 1 and _prompt_alone(parts[0].past, parts[0].n)
+    if hasattr(inner.layers[0], "kernel_weights") and not alone:
+        head = _kernel_head(model, keep)
+        hidden = _kernel_layers(inner, hidden, position, parts, head)
         if head is not None:
             return head[1]
     else:
-        hidden = _module_layers(inner, hidden, position, cache, past, mask)
-    hidden = _norm(inner.norm, hidden[:, -keep:] if keep else hidden)
+        hidden = _module_layers(inner, hidden, position, parts)
+    hidden = _norm(inner.norm, hidden[:, -keep:])
     return model.lm_head(hidden)[0]
 
 
@@ -428,16 +484,18 @@ def _kernel_head(model: torch.nn.Module, keep: int) -> tuple[_Head, torch.Tensor
 
 
 def _kernel_layers(
-    inner, hidden, position, cache: StepCache, past: int, mask, head: tuple[_Head, torch.Tensor] | None = None
+    inner, hidden, position, parts: list[_Part], head: tuple[_Head, torch.Tensor] | None = None
 ) -> torch.Tensor:
     """The layers' output, and `head`'s logits filled after the last layer where given."""
-    n = hidden.shape[1]
     cos, sin = (t[0].contiguous() for t in position)
     keys_like = hidden.new_empty(1, inner.config.num_key_value_heads, 0, inner.layers[0].self_attn.head_dim)
-    views = cache.kernel_view(past + n, keys_like)
-    rows, _held = _mask(mask)
-    for layer_cache in cache.layers:  # before the call: after it, Python starts with its caches emptied
-        layer_cache.length = past + n
+    views = [p.cache.kernel_view(p.past + p.n, keys_like) for p in parts]
+    masks = [_mask(p.mask) for p in parts]  # their tensors stay alive through the calls
+    for p in parts:  # before the call: after it, Python starts with its caches emptied
+        for layer_cache in p.cache.layers:
+            layer_cache.length = p.past + p.n
+    firsts = [sum(p.n for p in parts[:j]) for j in range(len(parts))]
+    segments = (_Segment * len(parts))()
     # One kernel call for the layers between two that have hooks (a draft head's
     # feature taps), which see their layer's input as in the model's own forward.
     stack = _kernel_stack(inner)
@@ -445,15 +503,19 @@ def _kernel_layers(
     first = 0
     for stop in (*hooked, len(inner.layers)):
         if stop > first:
+            for j, p in enumerate(parts):  # each sequence's caches from this call's first layer on
+                caches = ctypes.addressof(views[j]) + first * ctypes.sizeof(_LayerCacheView)
+                segments[j] = _Segment(
+                    firsts[j], p.n, p.past, ctypes.cast(caches, _CachesPointer), masks[j][0]
+                )
             out = torch.empty_like(hidden)  # not in place: a hook may keep the input
             last = head is not None and stop == len(inner.layers)
             step = _Step(
-                hidden.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(), rows,
-                ctypes.pointer(head[0]) if last else None,
+                hidden.data_ptr(), out.data_ptr(), hidden.shape[1], 0, cos.data_ptr(), sin.data_ptr(), _Mask(0, None, 0),
+                ctypes.pointer(head[0]) if last else None, len(parts), segments,
             )  # fmt: skip
             layers = ctypes.byref(stack, first * ctypes.sizeof(_Layer))
-            views_from = ctypes.byref(views, first * ctypes.sizeof(_LayerCacheView))
-            library().llama_layers(layers, views_from, stop - first, ctypes.byref(step))
+            library().llama_layers(layers, None, stop - first, ctypes.byref(step))
             hidden = out
         if stop < len(inner.layers):
             _run_pre_hooks(inner.layers[stop], hidden)
@@ -461,14 +523,13 @@ def _kernel_layers(
     return hidden
 
 
-def _module_layers(inner, hidden, position, cache: StepCache, past: int, mask) -> torch.Tensor:
-    if mask is None:
-        mask = _causal_mask(hidden.shape[1], past, hidden.device)
-    for layer, layer_cache in zip(inner.layers, cache.layers, strict=True):
+def _module_layers(inner, hidden, position, parts: list[_Part]) -> torch.Tensor:
+    parts = [
+        p if p.mask is not None else p._replace(mask=_causal_mask(p.n, p.past, hidden.device)) for p in parts
+    ]
+    for i, layer in enumerate(inner.layers):
         if layer._forward_pre_hooks:
             _run_pre_hooks(layer, hidden)
-        hidden = hidden + _attention(
-            layer, _norm(layer.input_layernorm, hidden), position, layer_cache, past, mask
-        )
+        hidden = hidden + _attention(layer, _norm(layer.input_layernorm, hidden), position, parts, i)
         hidden = hidden + _mlp(layer.mlp, _norm(layer.post_attention_layernorm, hidden))
     return hidden

@@ -394,7 +394,19 @@ struct Head {
   int64_t half;   // 1: w is float16 rows (uint16_t bits), without panels
 };
 
-// The rows a run of layers takes, after `past` cached ones.
+// One sequence's rows in a step over several (a batch): rows [first, first + n)
+// of the step, after `past` tokens of its own cache, seen through its own mask.
+struct Segment {
+  int64_t first, n, past;
+  const LayerCache* caches;  // its cache of each layer of the call, from the call's first
+  Mask mask;
+};
+
+// The rows a run of layers takes, after `past` cached ones; or, where
+// `segments` is more than 0, the rows of that many sequences, one after
+// another, each with its own cache (the step's past, mask and caches then
+// unused): the products run over all the rows at once, the rotary
+// embedding, the cache writes and attention sequence by sequence.
 struct Step {
   const float* in;  // [n, hidden]
   float* out;       // [n, hidden]: each layer's output in turn, in place
@@ -402,13 +414,71 @@ struct Step {
   const float *cos, *sin;  // [n, head_dim]
   Mask mask;
   const Head* head;  // after the last layer, or null
+  int64_t segments;
+  const Segment* segment;
 };
+
+// The step's sequences (one, made of the step's own fields, where it names none)
+// and, for each row, the sequence it belongs to.
+struct Rows {
+  std::vector<Segment> segments;
+  std::vector<int64_t> owner;
+  int64_t longest = 0;  // the most keys a row of theirs attends to
+};
+
+static Rows rows_of(const Step& s, const LayerCache* caches) {
+  Rows rows;
+  if (s.segments > 0)
+    rows.segments.assign(s.segment, s.segment + s.segments);
+  else
+    rows.segments.push_back({0, s.n, s.past, caches, s.mask});
+  rows.owner.resize(s.n);
+  for (int64_t j = 0; j < static_cast<int64_t>(rows.segments.size()); j++) {
+    const Segment& g = rows.segments[j];
+    for (int64_t r = g.first; r < g.first + g.n; r++) rows.owner[r] = j;
+    rows.longest = std::max(rows.longest, g.past + g.n);
+  }
+  return rows;
+}
 
 // What an EAGLE-3 head's layer reads besides its residual stream (the feature
 // rows): the next tokens' embeddings [n, hidden] and the norm it gives the features.
 struct EagleInput {
   const float *emb, *hidden_norm;
 };
+
+// attention_rows over the rows of every sequence of a step, each reading its
+// own cache: one task list for all of them, so the threads meet at one
+// barrier per layer however many sequences there are. A row's sums are
+// those it gets alone.
+static void attention_segments(const Layer* l, int64_t layer, const Rows& rows, const float* qkv, float* attended) {
+  const int64_t d = l->head_dim, QKV = (l->heads + 2 * l->kv_heads) * d, n = rows.owner.size();
+  const int64_t group = l->heads / l->kv_heads, together = std::min<int64_t>(group, kHeadsTogether);
+  const int64_t parts = (group + together - 1) / together;
+  float* scores = scratch(kScores, together * rows.longest);
+#pragma omp for schedule(static)
+  for (int64_t task = 0; task < n * l->kv_heads * parts; task++) {
+    const int64_t g = task / (n * parts), r = task / parts % n, h0 = g * group + task % parts * together;
+    const int64_t heads = std::min(together, g * group + group - h0);
+    const Segment& own = rows.segments[rows.owner[r]];
+    const LayerCache& c = own.caches[layer];
+    const int64_t L = own.past + own.n, at = g * c.capacity * d;
+    const float* q = qkv + r * QKV + h0 * d;
+    float* out = attended + (r * l->heads + h0) * d;
+    switch (heads) {
+#define SPECLENS_ATTEND(G)                                                                                    \
+  case G:                                                                                                      \
+    attend_heads<G>(q, d, c.k + at, d, c.v + at, d, out, L, d, l->scale, r - own.first, own.past, own.mask, \
+                    scores);                                                                                   \
+    break;
+      SPECLENS_ATTEND(1)
+      SPECLENS_ATTEND(2)
+      SPECLENS_ATTEND(3)
+      SPECLENS_ATTEND(4)
+#undef SPECLENS_ATTEND
+    }
+  }
+}
 
 // A layer's intermediate rows that the threads share: qkv [n, QKV], attended [n, Q], gate_up [n, 2I].
 static int64_t buffer_floats(const Layer* l, int64_t n) {
@@ -432,8 +502,8 @@ static int64_t buffer_floats(const Layer* l, int64_t n) {
 //
 // An EAGLE-3 head's layer (`eagle` given) attends over [input_norm(embedding) ;
 // hidden_norm(x)], twice the hidden width, while x stays the residual stream.
-static void layer_rows(const Layer* l, const LayerCache& c, const Step& s, float* x, float* buffers, Share* shares,
-                       uint64_t number, const EagleInput* eagle = nullptr) {
+static void layer_rows(const Layer* l, int64_t layer, const Rows& rows, const Step& s, float* x, float* buffers,
+                       Share* shares, uint64_t number, const EagleInput* eagle = nullptr) {
   const int64_t n = s.n, D = l->hidden, d = l->head_dim, I = l->intermediate;
   const int64_t Q = l->heads * d, KV = l->kv_heads * d, QKV = Q + 2 * KV, K = eagle ? 2 * D : D;
   float *qkv = buffers, *attended = qkv + n * QKV, *gate_up = attended + n * Q;
@@ -449,6 +519,8 @@ static void layer_rows(const Layer* l, const LayerCache& c, const Step& s, float
   product(normed, l->qkv, l->qkv_panels, l->qkv_bias, nullptr, qkv, n, K, QKV, shares, number, l->half);
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < n; r++) {
+    const Segment& own = rows.segments[rows.owner[r]];
+    const LayerCache& c = own.caches[layer];
     float* row = qkv + r * QKV;
     const float *cos = s.cos + r * d, *sin = s.sin + r * d;
     for (int64_t h = 0; h < l->heads; h++) rope(row + h * d, cos, sin, d);
@@ -456,13 +528,11 @@ static void layer_rows(const Layer* l, const LayerCache& c, const Step& s, float
       float* key = row + Q + g * d;
       const float* value = row + Q + KV + g * d;
       rope(key, cos, sin, d);
-      const int64_t at = (g * c.capacity + s.past + r) * d;
+      const int64_t at = (g * c.capacity + own.past + r - own.first) * d;
       for (int64_t t = 0; t < d; t++) c.k[at + t] = key[t], c.v[at + t] = value[t];
     }
   }
-  const int64_t cache_head = c.capacity * d;
-  attention_rows({qkv, QKV, d, c.k, cache_head, d, c.v, cache_head, d, attended, n, s.past + n, l->heads,
-                  l->kv_heads, d, l->scale, s.mask});
+  attention_segments(l, layer, rows, qkv, attended);
   product(attended, l->o, l->o_panels, l->o_bias, x, x, n, Q, D, shares, number + 1, l->half);
   for (int64_t r = 0; r < n; r++) rmsnorm_row(x + r * D, l->post_norm, normed + r * D, D, l->eps);
   product(normed, l->gate_up, l->gate_up_panels, l->gate_up_bias, nullptr, gate_up, n, D, 2 * I, shares,
@@ -491,11 +561,12 @@ extern "C" void llama_layers(const Layer* layers, const LayerCache* caches, int6
   for (int64_t i = 0; i < count; i++) floats = std::max(floats, buffer_floats(&layers[i], s->n));
   float* buffers = scratch(kLayerRows, floats);
   std::vector<Share> shares(omp_get_max_threads());
+  const Rows rows = rows_of(*s, caches);
   if (count > 0 && s->out != s->in) std::copy(s->in, s->in + s->n * layers[0].hidden, s->out);
 #pragma omp parallel num_threads(team())
   {
     for (int64_t i = 0; i < count; i++)
-      layer_rows(&layers[i], caches[i], *s, s->out, buffers, shares.data(), 4 * i + 1);
+      layer_rows(&layers[i], i, rows, *s, s->out, buffers, shares.data(), 4 * i + 1);
     if (s->head) head_rows(*s->head, s->out, s->n, shares.data(), 4 * count + 1);
   }
 }
@@ -506,10 +577,11 @@ extern "C" void llama_layers(const Layer* layers, const LayerCache* caches, int6
 extern "C" void eagle_layer(const Layer* layer, const LayerCache* cache, const EagleInput* eagle, const Step* s) {
   float* buffers = scratch(kLayerRows, buffer_floats(layer, s->n));
   std::vector<Share> shares(omp_get_max_threads());
+  const Rows rows = rows_of(*s, cache);
   if (s->out != s->in) std::copy(s->in, s->in + s->n * layer->hidden, s->out);
 #pragma omp parallel num_threads(team())
   {
-    layer_rows(layer, *cache, *s, s->out, buffers, shares.data(), 1, eagle);
+    layer_rows(layer, 0, rows, *s, s->out, buffers, shares.data(), 1, eagle);
     if (s->head) head_rows(*s->head, s->out, s->n, shares.data(), 5);
   }
 }
