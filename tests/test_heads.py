@@ -28,6 +28,7 @@ from decoding.drafts.head import (
     HeadConfig,
     HeadDraft,
     HeadKernel,
+    fingerprint,
     load_head,
     save_head,
 )
@@ -37,15 +38,17 @@ from decoding.runtime import llama
 from decoding.runtime.rowlinear import RowLinear, use_row_kernel
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
+from decoding.tools.answers import AnswerStore, shard_records
 from decoding.tools.cli import main
-from decoding.tools.prompts import read_prompts
 from decoding.tools.train_head import (
     TrainConfig,
+    answer_prompts,
     conversation_ids,
     draft_vocabulary,
-    generate_answers,
     heldout_split,
     new_head,
+    prompt_rows,
+    stored_answers,
     train,
     training_sequences,
     training_speed,
@@ -104,12 +107,12 @@ def f64_target(folder):
 
 
 def tiny_split(target, work: Path, cfg: TrainConfig) -> tuple[list[dict], list[dict]]:
-    """`trained_tiny`'s prompts with their answers (already in `work`), as training and held-out sequences."""
-    prompts = [r["prompt"] for r in read_prompts(work.parent / "train.jsonl", need_category=False)]
-    answers = generate_answers(target, prompts, cfg, work / "answers.jsonl")
-    return heldout_split(
-        training_sequences(target.tokenizer, [{"prompt": p} for p in prompts], answers, 64), 0.1, 0
-    )
+    """`trained_tiny`'s prompts with their answers (already in `work`'s shards), as training and
+    held-out sequences."""
+    rows, store = prompt_rows(work.parent / "train.jsonl", 0), AnswerStore(work / "answers")
+    assert answer_prompts(target, rows, cfg, store)["answers"] == 0  # every prompt is answered
+    rows, answers = stored_answers(target.tokenizer, rows, store.read(fingerprint(target.model)), 1)
+    return heldout_split(training_sequences(target.tokenizer, rows, answers, 64), 0.1, 0)
 
 
 def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
@@ -123,9 +126,9 @@ def test_train_head_writes_an_eagle3_folder_and_resumes(trained_tiny, capsys):
     assert len(card["heldout_top1_by_step"]) == 3  # 2 of the 24 prompts were held out
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) >= {"fc.weight", "midlayer.self_attn.q_proj.weight", "d2t", "t2d"}
-    answers = (work / "answers.jsonl").read_text()
+    shards = {p.name: p.read_bytes() for p in (work / "answers").iterdir()}
     assert main(argv) == 0  # every stage is found done: nothing is generated or trained again
-    assert (work / "answers.jsonl").read_text() == answers
+    assert {p.name: p.read_bytes() for p in (work / "answers").iterdir()} == shards
     assert "train: " not in capsys.readouterr().err
     assert set(card["stage_minutes"]) == {"answers", "training"}
     assert [seen for seen, _ in card["heldout_curve"]] == [22, 44, 66, 88] and card["tokens_trained"] > 88
@@ -673,8 +676,8 @@ def test_train_head_takes_conversations_and_prompts_in_one_file(tmp_path):
     ]
     argv += ["--answer-tokens", "6", "--epochs", "1", "--draft-vocab", "20", "--holdout", "0", "--steps", "2"]
     assert main(argv) == 0
-    answered = [json.loads(line)["prompt"] for line in (work / "answers.jsonl").read_text().splitlines()]
-    assert sorted(answered) == [0, 1, 2, 3]  # conversations get no generated answer
+    answered = shard_records(work / "answers" / "answers-00000.jsonl.gz")
+    assert sorted(r["prompt"] for r in answered) == [r["prompt"] for r in rows[:4]]  # conversations get none
     card = json.loads((out / "config.json").read_text())["speclens"]
     assert card["sequences_trained"] == 8
     assert card["data"].startswith(

@@ -18,13 +18,14 @@ from ..settings.policies import K_MAX, K_MIN
 from ..settings.sampling import Sampling
 from ..trace import Trace, agreement
 from . import metrics
+from .answers import ANSWERS_DIR, SHARD_ANSWERS, SHARD_MB, AnswerStore
 from .bench import BenchConfig, run_bench
 from .compare import compare, parse_drafts
 from .probe import concurrency_what_if, measure, verify_ratios
 from .prompts import read_prompts
 from .server_bench import run_server_bench
 from .sweep import BestSetting, best_of, parse_sizes, progress_reporter, sweep, tree_sweep
-from .train_head import TrainConfig, train_head
+from .train_head import TrainConfig, answer_stage, train_head
 from .training_data import magpie_prompts, sharegpt_conversations, sharegpt_prompts, write_training_prompts
 from .workload import best_ks, run_labels, workload_sweep
 
@@ -149,6 +150,12 @@ INIT_FROM_HELP = (
 )
 
 
+ANSWERS_HELP = (
+    "the folder of answer shards read and added to (default: data/answers/TARGET for a named target, "
+    "the work folder's answers/ for a target given as a folder)"
+)
+
+
 def _add_train_head_command(sub) -> None:
     t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for the target on its own answers")
     t.add_argument("--target", default="smollm2-135m")
@@ -158,10 +165,23 @@ def _add_train_head_command(sub) -> None:
         required=True,
         help="training prompts (JSONL with 'prompt'); never the dev set",
     )
+    t.add_argument("--out", type=Path, help="the head folder to write (e.g. assets/heads/smollm2-135m)")
+    t.add_argument("--work", type=Path, help="where checkpoints go (default: the model cache)")
+    t.add_argument("--answers", type=Path, help=ANSWERS_HELP)
     t.add_argument(
-        "--out", type=Path, required=True, help="the head folder to write (e.g. assets/heads/smollm2-135m)"
+        "--answers-only",
+        action="store_true",
+        help="only answer the prompts no shard holds yet, into new shards, and stop (no --out needed)",
     )
-    t.add_argument("--work", type=Path, help="where answers and checkpoints go (default: the model cache)")
+    t.add_argument(
+        "--shard-answers", type=int, default=SHARD_ANSWERS, help="answers at which a shard is closed"
+    )
+    t.add_argument(
+        "--shard-mb",
+        type=float,
+        default=SHARD_MB,
+        help=f"megabytes at which a shard is closed (at most {SHARD_MB:g}: a batch more stays under 5)",
+    )
     t.add_argument("--answer-tokens", type=int, default=128, help="tokens per generated answer")
     t.add_argument("--sampled", type=int, default=0, help="sampled answers per prompt besides the greedy one")
     t.add_argument("--batch-size", type=int, default=16, help="answers generated at once")
@@ -414,8 +434,8 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_head(args: argparse.Namespace, command: str) -> int:
-
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    """train-head's settings from its flags, each checked."""
     cfg = TrainConfig(
         answer_tokens=args.answer_tokens,
         sampled=args.sampled,
@@ -445,12 +465,28 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         raise SpecLensError("--limit and --max-sequences must be 0 (all) or more")
     if not (0 <= cfg.prompt_share <= 1 and 0 <= cfg.holdout < 1):
         raise SpecLensError("--prompt-share must be within 0..1 and --holdout within 0..1 (below 1)")
-    target = load_model(args.target, args.device, "float32")
-    work = args.work or cache_dir() / "train-head" / Path(args.out).name
-    answerer = (
-        None if cfg.answer_dtype == "float32" else load_model(args.target, args.device, cfg.answer_dtype)
+    return cfg
+
+
+def _train_head(args: argparse.Namespace, command: str) -> int:
+    cfg = _train_config(args)
+    if not (args.shard_answers >= 1 and 0 < args.shard_mb <= SHARD_MB):
+        raise SpecLensError(f"--shard-answers must be at least 1 and --shard-mb within 0..{SHARD_MB:g}")
+    if args.out is None and not args.answers_only:
+        raise SpecLensError("--out is needed unless --answers-only")
+    named = not Path(args.target).exists()  # a model name, not a folder
+    work = args.work or cache_dir() / "train-head" / (Path(args.out).name if args.out else "answers")
+    store = AnswerStore(
+        args.answers or (ANSWERS_DIR / args.target if named else work / "answers"),
+        args.shard_answers,
+        int(args.shard_mb * 1_000_000),
     )
-    card = train_head(target, args.prompts, args.out, work, cfg, command, answerer)
+    answerer = load_model(args.target, args.device, cfg.answer_dtype)
+    if args.answers_only:
+        print(json.dumps(answer_stage(answerer, args.prompts, work, cfg, store), indent=1))
+        return 0
+    target = answerer if cfg.answer_dtype == "float32" else load_model(args.target, args.device, "float32")
+    card = train_head(target, args.prompts, args.out, work, cfg, command, answerer, store)
     print(json.dumps(card, indent=1))
     return 0
 

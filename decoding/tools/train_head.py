@@ -45,6 +45,7 @@ from ..drafts.head import EagleHead, FeatureTap, HeadConfig, fingerprint, load_h
 from ..errors import SpecLensError
 from ..models.loading import LoadedModel
 from ..models.text import chat_text, eos_ids
+from .answers import MANIFEST, MAX_TOTAL_BYTES, AnswerStore, prompt_hash
 from .bench import machine
 from .training_data import read_training_rows
 
@@ -78,71 +79,131 @@ class TrainConfig:
 # --- stage 1: answers ---------------------------------------------------------
 
 
-@torch.inference_mode()
-def generate_answers(
-    target: LoadedModel, prompts: list[str | None], cfg: TrainConfig, path: Path
-) -> list[list[int]]:
-    """Token ids of prompt + answer, one list per (prompt, variant); appended to `path` as made.
-    A None prompt (a conversation, trained on as it stands) gets none."""
-    done = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    have = {(r["prompt"], r["variant"]) for r in done}
-    tok = target.tokenizer
+def answer_batch(
+    model: LoadedModel, prompts: list[str], max_new_tokens: int, sample: dict
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of each prompt, generated together, left-padded: the stage's one
+    generation call, kept alone so that another decoding path can take its place."""
+    tok = model.tokenizer
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     pad = tok.pad_token_id
-    jobs = [
-        (p, v)
-        for v in range(1 + cfg.sampled)
-        for p in range(len(prompts))
-        if prompts[p] is not None and (p, v) not in have
-    ]
-    # Similar lengths together, so a batch pads little.
-    jobs.sort(key=lambda j: (j[1], len(prompts[j[0]])))
-    bar = tqdm(total=len(jobs), desc="answers", unit="answer", disable=not jobs)
-    with path.open("a") as out:
-        for i in range(0, len(jobs), cfg.batch_size):
-            batch = jobs[i : i + cfg.batch_size]
-            variant = batch[0][1]
-            texts = [chat_text(tok, prompts[p]) for p, _ in batch]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
-            torch.manual_seed(cfg.seed * 1000 + variant * 100 + i)
+    texts = [chat_text(tok, p) for p in prompts]
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    ids = model.model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sample)
+    width = enc.input_ids.shape[1]
+    pads_with_eos = pad in eos_ids(model.model, tok)  # generate pads a finished row with EOS
+    out = []
+    for row, mask in zip(ids, enc.attention_mask):
+        answer = row[width:].tolist()
+        if pads_with_eos and pad in answer:
+            answer = answer[: answer.index(pad) + 1]
+        out.append((row[width - int(mask.sum()) : width].tolist(), answer))
+    return out
+
+
+def answer_jobs(
+    rows: list[dict], variants: int, have: set[tuple[str, int]], size: int
+) -> list[tuple[int, list[int]]]:
+    """Batches of the rows whose (prompt hash, variant) no shard holds yet: by variant, each
+    prompt once, shortest first so that a batch pads little. A conversation gets no answer."""
+    batches = []
+    for variant in range(variants):
+        todo = {}
+        for i, row in enumerate(rows):
+            if "messages" not in row and (row["hash"], variant) not in have:
+                todo.setdefault(row["hash"], i)
+        order = sorted(todo.values(), key=lambda i: len(rows[i]["prompt"]))
+        batches += [(variant, order[b : b + size]) for b in range(0, len(order), size)]
+    return batches
+
+
+@torch.inference_mode()
+def answer_prompts(model: LoadedModel, rows: list[dict], cfg: TrainConfig, store: AnswerStore) -> dict:
+    """Stage 1: the model's answers to every prompt of `rows` no shard holds yet, into new shards
+    of `store` (resumable: a stopped stage closes its shard, the next skips what is answered).
+    Returns how many answers and answer tokens it made, and in how many seconds."""
+    mark = fingerprint(model.model)
+    have = {(r["hash"], r["variant"]) for r in store.read(mark)}
+    batches = answer_jobs(rows, 1 + cfg.sampled, have, cfg.batch_size)
+    decoding = {"greedy": True, "sampled_per_prompt": cfg.sampled, "max_new_tokens": cfg.answer_tokens,
+                "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+    done = {"answers": 0, "answer_tokens": 0, "seconds": 0.0}
+    started = time.monotonic()
+    bar = tqdm(total=sum(len(b) for _, b in batches), desc="answers", unit="answer", disable=not batches)
+    with store.writer(model.name, mark, decoding, machine()) as writer:
+        for n, (variant, batch) in enumerate(batches):
+            torch.manual_seed(cfg.seed * 1000 + variant * 100 + n)
             sample = dict(do_sample=True, temperature=0.7) if variant else dict(do_sample=False)
-            ids = target.model.generate(**enc, max_new_tokens=cfg.answer_tokens, pad_token_id=pad, **sample)
-            for row, mask, (p, v) in zip(ids, enc.attention_mask, batch):
-                prompt_len = int(mask.sum())
-                width = enc.input_ids.shape[1]
-                answer = row[width:].tolist()
-                if pad in answer and pad in eos_ids(
-                    target.model, tok
-                ):  # generate pads finished rows with EOS
-                    answer = answer[: answer.index(pad) + 1]
-                seq = row[width - prompt_len : width].tolist() + answer
-                done.append({"prompt": p, "variant": v, "ids": seq})
-                out.write(json.dumps(done[-1]) + "\n")
-            out.flush()
-            bar.update(len(batch))
+            made = answer_batch(model, [rows[i]["prompt"] for i in batch], cfg.answer_tokens, sample)
+            records = [
+                {
+                    "hash": rows[i]["hash"],
+                    "source": rows[i]["source"],
+                    "prompt": rows[i]["prompt"],
+                    "prompt_tokens": len(prompt_ids),
+                    "variant": variant,
+                    "answer": answer,
+                }  # fmt: skip
+                for i, (prompt_ids, answer) in zip(batch, made)
+            ]
+            if not writer.add(records):
+                print(
+                    f"{store.folder}: the shards hold {MAX_TOTAL_BYTES // 1_000_000} MB, no more are written"
+                )
+                break
+            done["answers"] += len(records)
+            done["answer_tokens"] += sum(len(r["answer"]) for r in records)
+            done["seconds"] = round(time.monotonic() - started, 1)
+            bar.update(len(records))
+            bar.set_postfix(tokens_s=f"{done['answer_tokens'] / done['seconds']:.1f}", shard=writer.name)
     bar.close()
-    return sorted(done, key=lambda r: (r["variant"], r["prompt"]))
+    return done
+
+
+def stored_answers(
+    tokenizer, rows: list[dict], records: list[dict], variants: int
+) -> tuple[list[dict], list[dict]]:
+    """(rows, answers) as training reads them: `rows` with a row added for each answered prompt
+    they lack, and per stored answer of a variant below `variants` its ids (prompt + answer), the
+    prompt's length and the index of its row."""
+    rows = list(rows)
+    index: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if "messages" not in row:
+            index.setdefault(row["hash"], i)
+    kept = [r for r in records if r["variant"] < variants]
+    for r in kept:
+        if r["hash"] not in index:
+            index[r["hash"]] = len(rows)
+            rows.append({"prompt": r["prompt"], "source": r["source"], "hash": r["hash"]})
+    texts = [chat_text(tokenizer, r["prompt"]) for r in kept]
+    prompt_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if kept else []
+    answers = []
+    for r, ids in zip(kept, prompt_ids):
+        if len(ids) != r["prompt_tokens"]:
+            raise SpecLensError(
+                f"a stored answer's prompt ({r['hash']}) makes {len(ids)} tokens, not the "
+                f"{r['prompt_tokens']} it was answered from: another tokenizer than the shards' target"
+            )
+        answers.append({"prompt": index[r["hash"]], "variant": r["variant"], "ids": ids + r["answer"],
+                        "prompt_len": len(ids)})  # fmt: skip
+    return rows, sorted(answers, key=lambda a: (a["variant"], a["prompt"]))
 
 
 # --- stage 2: the training sequences and the draft vocabulary -----------------
 
 
 def training_sequences(tokenizer, rows: list[dict], answers: list[dict], max_len: int) -> list[dict]:
-    """The sequences trained on: per generated answer, its ids (the last `max_len` of prompt +
-    answer); per conversation, each `max_len` window of its ids. Each has `answer`, which of its
+    """The sequences trained on: per generated answer (`stored_answers`), its ids (the last
+    `max_len` of prompt + answer); per conversation, each `max_len` window of its ids. Each has `answer`, which of its
     tokens an assistant wrote, and the index of its row. Features are not kept: each is recomputed
     when trained on (see train)."""
     out = []
     for r in answers:
-        prompt_len = len(
-            tokenizer(chat_text(tokenizer, rows[r["prompt"]]["prompt"]), add_special_tokens=False)[
-                "input_ids"
-            ]
-        )
         ids = torch.tensor(r["ids"][-max_len:])
-        answer = torch.arange(len(r["ids"]))[-max_len:] >= prompt_len
+        answer = torch.arange(len(r["ids"]))[-max_len:] >= r["prompt_len"]
         out.append({"ids": ids, "answer": answer, "prompt": r["prompt"], "variant": r["variant"]})
     for i, row in enumerate(rows):
         if "messages" in row:
@@ -505,24 +566,25 @@ def train_head(
     cfg: TrainConfig,
     command: str,
     answerer: LoadedModel | None = None,
+    store: AnswerStore | None = None,
 ) -> dict:
-    """The whole run: answers (by `answerer`, the target in another dtype, where given),
-    training, then the head folder with its card."""
-    if "dev" in prompts_path.name:
-        raise SpecLensError("refusing to train on a dev file: the dev prompts are what heads are measured on")
-    rows = read_training_rows(prompts_path)
-    rows = rows[: cfg.limit] if cfg.limit else rows
-    prompts = [None if "messages" in row else row["prompt"] for row in rows]
+    """The whole run: answers to the prompts no shard holds yet (by `answerer`, the target in
+    another dtype, where given), training on every stored answer (and any conversations of the
+    prompts file), then the head folder with its card."""
+    rows = prompt_rows(prompts_path, cfg.limit)
+    store = store or AnswerStore(work / "answers")
     work.mkdir(parents=True, exist_ok=True)
     # Everything but how long to train: a later run with more trains on from the checkpoint.
-    same = asdict(cfg) | {"prompts": str(prompts_path), "target": target.name}
+    same = asdict(cfg) | {"prompts": str(prompts_path), "target": target.name, "answers": str(store.folder)}
     settings = json.dumps(same | {"epochs": None, "max_sequences": None, "eval_every": None}, sort_keys=True)
     stamp = work / "settings.json"
     if stamp.exists() and stamp.read_text() != settings:
         raise SpecLensError(f"{work} holds a run with other settings: remove it or pass another --work")
     stamp.write_text(settings)
     with stage_clock(work, "answers"):
-        answers = generate_answers(answerer or target, prompts, cfg, work / "answers.jsonl")
+        answer_prompts(answerer or target, rows, cfg, store)
+    records = store.read(fingerprint(target.model))
+    rows, answers = stored_answers(target.tokenizer, rows, records, 1 + cfg.sampled)
     data = training_sequences(target.tokenizer, rows, answers, cfg.max_len)
     fit, held = heldout_split(data, cfg.holdout, cfg.seed)
     held = held[: cfg.heldout_max]
@@ -535,6 +597,7 @@ def train_head(
         "fingerprint": fingerprint(target.model),
         "command": command,
         "data": data_summary(prompts_path.name, fit, held, cfg),
+        "answers": {"folder": str(store.folder)} | store.manifest().get("totals", {}),
         "date": _dt.date.today().isoformat(),
         "machine": machine(),
         "stage_minutes": json.loads((work / "stages.json").read_text()),
@@ -545,6 +608,41 @@ def train_head(
     save_head(head, out, card)
     (out / "README.md").write_text(head_card(card))
     return card
+
+
+def answer_stage(
+    model: LoadedModel, prompts_path: Path, work: Path, cfg: TrainConfig, store: AnswerStore
+) -> dict:
+    """The answer stage alone (`train-head --answers-only`): what it made, the shards' totals
+    and the rate, in answers and answer tokens a second, on this machine."""
+    rows = prompt_rows(prompts_path, cfg.limit)
+    work.mkdir(parents=True, exist_ok=True)
+    with stage_clock(work, "answers"):
+        done = answer_prompts(model, rows, cfg, store)
+    seconds = max(done["seconds"], 1e-9)
+    rate = {
+        "answers_per_s": round(done["answers"] / seconds, 3),
+        "tokens_per_s": round(done["answer_tokens"] / seconds, 1),
+    }
+    return (
+        done
+        | rate
+        | {
+            "machine": machine(),
+            "manifest": str(store.folder / MANIFEST),
+            "totals": store.manifest().get("totals", {}),
+        }
+    )
+
+
+def prompt_rows(path: Path, limit: int) -> list[dict]:
+    """The first `limit` rows (0: all) of a training file, each with its prompt's hash and
+    source (the file's name where the row names none); never the dev file."""
+    if "dev" in path.name:
+        raise SpecLensError("refusing to train on a dev file: the dev prompts are what heads are measured on")
+    rows = read_training_rows(path)
+    rows = rows[:limit] if limit else rows
+    return [{"source": path.stem} | row | {"hash": prompt_hash(row["prompt"])} for row in rows]
 
 
 def data_summary(name: str, fit: list[dict], held: list[dict], cfg: TrainConfig) -> str:

@@ -179,8 +179,9 @@ def clean(items: Iterable[tuple[str, Item]], dev_prompts: Iterable[str]) -> tupl
 
 
 def read_training_rows(path: Path) -> list[dict]:
-    """The rows of a training file: each a `prompt`, and a conversation's `messages` too."""
-    rows = read_prompts(path, need_category=False, extra=("messages",))
+    """The rows of a training file: each a `prompt`, and a conversation's `messages` too (and its
+    `source` where the file names one)."""
+    rows = read_prompts(path, need_category=False, extra=("messages", "source"))
     for row in rows:
         messages = row.get("messages")
         if messages is None:
