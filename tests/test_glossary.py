@@ -72,3 +72,9 @@ def test_the_page_gets_every_name_once_and_safely():
     assert script.count("</script>") == 1
     tips = json.loads(script.removeprefix("<script>window.SL_GLOSSARY = ").removesuffix(";</script>"))
     assert tips["alpha"] == glossary.tip("alpha") and tips["speedup_low"].startswith("speedup_low")
+
+
+def test_the_glossary_shows_no_markup_it_cannot_render():
+    """The glossary is HTML and its popovers plain text: a Markdown `*emphasis*` would show its stars."""
+    shown = glossary.glossary_html() + "".join(glossary.tip(name) for name in glossary.GLOSSARY)
+    assert re.findall(r"\*[^*\s][^*]*\*|`[^`]+`", shown) == []

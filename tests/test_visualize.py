@@ -29,6 +29,7 @@ from decoding.trace import (
     Output,
     Round,
     RunMeta,
+    TopToken,
     Trace,
     TreeNode,
     Verdict,
@@ -725,3 +726,13 @@ def test_a_sweep_chart_without_a_best_says_why(repeats, why):
     ).assign(predicted_leviathan=1.3, predicted_measured=1.2, best=False, repeats=repeats)
     notes = [a.text for a in speedup_curve(table).layout.annotations]
     assert any(why in note for note in notes), notes
+
+
+def test_a_draft_without_a_distribution_is_named_where_the_round_turned():
+    """An n-gram draft has no distribution: the correction's popover names the token it refused."""
+    trace = hand_made()
+    trace.rounds[0].target_top = [TopToken(4, " d", 0.7), TopToken(2, " b", 0.1)]
+    chips = re.findall(r'class="sl-tok sl-(correction|rejected)" data-tip="([^"]*)"', timeline_html(trace))
+    assert len(chips) == 2
+    for _, tip in chips:
+        assert "draft: only “ b”, with q = 1" in html_lib.unescape(tip)

@@ -72,7 +72,7 @@ GLOSSARY: dict[str, Term] = {
             "b (verify cost per extra token)",
             "How much more a target pass costs for each extra token it checks, in plain target steps: "
             "checking k + 1 tokens costs 1 + b·k. Near 0 on a large GPU; on a CPU it grows as more tokens "
-            "are checked (Theory's *Measure V(n)* gives this machine's own).",
+            "are checked (the Theory tab's Measure V(n) button gives this machine's own).",
             ("b", "b: verify cost per extra token", "b: verify cost per extra token (target steps)"),
         ),
         Term(

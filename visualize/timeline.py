@@ -80,7 +80,8 @@ def _turn_lines(rnd: Round) -> str:
         elif rnd.translation is not None:
             lines += "\ndraft: another tokenizer; q is its probability of the draft token this came from"
         elif rnd.target_top is not None:
-            lines += "\ndraft: this one token with q = 1 (it has no distribution)"
+            refused = rnd.draft[rnd.n_accepted].text.replace(chr(10), "↵")
+            lines += f"\ndraft: only “{refused}”, with q = 1 (it has no distribution)"
         lines += _top_lines("drawn from the residual max(0, p − q), top 5", rnd.residual_top, "r")
     return lines
 
