@@ -308,3 +308,13 @@ def test_a_translation_without_a_list_of_sources_is_refused_in_one_line():
 def test_the_run_length_is_said_in_words_with_singulars():
     assert Totals(rounds=1, new_tokens=1).tokens_in_rounds == "1 token in 1 round"
     assert Totals(rounds=5, new_tokens=12).tokens_in_rounds == "12 tokens in 5 rounds"
+
+
+@pytest.mark.parametrize("version", [None, 1, 2, 4])
+def test_a_trace_without_rounds_is_refused_naming_rounds(version):
+    """A file of any version with no rounds is refused in today's words, not as missing 'steps'."""
+    data = json.loads((ROOT / "assets" / "traces" / "summarization-ngram-greedy.json").read_text())
+    del data["rounds"]
+    data = {k: v for k, v in data.items() if k != "version"} | ({"version": version} if version else {})
+    with pytest.raises(TraceError, match="missing or malformed field 'rounds'"):
+        Trace.from_dict(data)

@@ -11,6 +11,8 @@ def rounds_not_steps(data: dict[str, Any]) -> dict[str, Any]:
     def renamed(d: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
         return {names.get(key, key): value for key, value in d.items()}
 
+    if "steps" not in data:  # nothing to rename: the reader names what is missing, in today's words
+        return data
     data = dict(data)
     data["rounds"] = [renamed(r, {"step_ms": "round_ms"}) for r in data.pop("steps")]
     data["totals"] = renamed(
