@@ -151,40 +151,45 @@
   });
 })();
 
-// Step-through (visualize/timeline.py's STEPPER): each round built up stage by stage. A round's
-// stages: 0, its draft's tokens shown, none judged yet; j, the first j judged; then the target's
-// own token. A round that drafted nothing has the last stage alone. ←/→ step whenever no control
-// that takes typing or arrows has focus; space on the play button plays.
-// Explore's timeline and its "Explain round" slider share one round: a step into another round
-// moves the slider, the server explains that round and sends the timeline again, and the
-// step-through carries on in it from where it was; moving the slider by hand steps to that round.
+// Step-through (visualize/timeline.py's STEPPER): each round built up stage by stage. A round that
+// drafted has four: "draft", its guesses shown, none judged; "check", the target reading them all
+// in one pass, its measured time beside k + 1 plain steps (the round's data-check, its .sl-pass);
+// "verdicts", every verdict of that one pass at once (data-verdicts); "own", the target's own
+// token. A round that drafted nothing has "own" alone. The round's sentence (in its row, and the
+// view below that tells the chosen round) shows only once its last stage does.
+// ←/→ step whenever no control that takes typing or arrows has focus; space on the play button plays.
+// A timeline and its round slider (Explore's "Explain round", Replay's "Round") share one round:
+// a step into another round moves the slider, the server explains that round and sends the timeline
+// again, and the step-through carries on in it from where it was; moving the slider by hand steps
+// to that round.
 (() => {
   let timer = null, lastHost = null;
-  const SLIDER = { timeline: "round" };  // a timeline's elem_id -> its round slider's elem_id
+  const SLIDER = { timeline: "round", "replay-timeline": "replay-round" };  // a timeline's elem_id -> its round slider's
+  const SENTENCE = { timeline: "sentence", "replay-timeline": "replay-sentence" };  // -> the view telling that round
   const kept = {};  // elem_id -> the stage a step-through is at, while one is on
-  const VERDICT = { "sl-accepted": "kept", "sl-rejected": "refused: the target would have written another token", "sl-discarded": "never judged: it came after a refusal" };
-  const OWN = { "sl-correction": "the target's own token, in place of the refused one", "sl-bonus": "the target's bonus token: every draft was kept", "sl-target": "the target alone: nothing was drafted" };
+  const OWN = { "sl-correction": "the target's own token, in place of the refused one", "sl-bonus": "the target's bonus token: every guess was kept", "sl-target": "the target alone: nothing was drafted, so it wrote one token itself" };
   const kindOf = (chip, names) => Object.keys(names).find((k) => chip.classList.contains(k));
   const hostOf = (tl) => { const h = tl.closest(".block[id]"); return h ? h.id : null; };  // the Gradio component
   const timelineIn = (host) => document.querySelector(`#${host} .sl-timeline`);
   const slider = (host) => SLIDER[host] && document.querySelector(`#${SLIDER[host]} input[type=range]`);
+  const roundStages = (r) => {
+    const own = r.querySelector('[data-step="emit"]') ? ["own"] : [];
+    return r.querySelector('[data-step="draft"]') ? ["draft", "check", "verdicts", ...own] : own;
+  };
   const stages = (tl) => {
     const out = [];
-    tl.querySelectorAll(".sl-round").forEach((r, i) => {
-      const drafts = r.querySelectorAll('[data-step="draft"]').length;
-      if (drafts) for (let s = 0; s <= drafts; s++) out.push([i, s]);
-      if (r.querySelector('[data-step="emit"]')) out.push([i, drafts + 1]);
-    });
+    tl.querySelectorAll(".sl-round").forEach((r, i) => roundStages(r).forEach((s) => out.push([i, s])));
     return out;
   };
-  const describe = (round, s, total, index) => {
-    const drafts = [...round.querySelectorAll('[data-step="draft"]')];
+  const describe = (round, stage, total, index) => {
+    const drafts = round.querySelectorAll('[data-step="draft"]').length;
     // A tree round's chips are its main line (the kept path, then the best refused child).
-    const nodes = round.dataset.treeNodes, line = nodes ? " on the main line" : "";
+    const nodes = round.dataset.treeNodes;
     let what;
-    if (s === 0 && nodes) what = `the draft proposes a tree of ${nodes} tokens; its main line holds ${drafts.length}`;
-    else if (s === 0) what = `the draft proposes ${drafts.length} token${drafts.length === 1 ? "" : "s"}`;
-    else if (s <= drafts.length) what = `token ${s} of ${drafts.length}${line}: ${VERDICT[kindOf(drafts[s - 1], VERDICT)] || "judged"}`;
+    if (stage === "draft" && nodes) what = `the draft proposes a tree of ${nodes} tokens; its main line holds ${drafts}`;
+    else if (stage === "draft") what = `the draft proposes ${drafts} token${drafts === 1 ? "" : "s"}, none checked yet`;
+    else if (stage === "check") what = round.dataset.check;
+    else if (stage === "verdicts") what = round.dataset.verdicts;
     else what = OWN[kindOf(round.querySelector('[data-step="emit"]'), OWN)] || "the target's own token";
     return `Round ${index + 1} of ${total}: ${what}`;
   };
@@ -195,25 +200,42 @@
     range.value = String(round + 1);
     range.dispatchEvent(new Event("input", { bubbles: true }));
   };
+  // The view below that tells the chosen round waits, like the row's own sentence, for its last stage.
+  const holdSentence = (host, hold) => {
+    const view = SENTENCE[host] && document.getElementById(SENTENCE[host]);
+    if (view) view.toggleAttribute("data-sl-held", hold);
+  };
+  // Only the rounds' box scrolls to the round: the page (and a slider under the pointer) stays put.
+  const bringIntoView = (tl, round) => {
+    const box = tl.querySelector(".sl-rounds");
+    if (!box) return;
+    const r = round.getBoundingClientRect(), b = box.getBoundingClientRect();
+    if (r.bottom > b.bottom) box.scrollTop += Math.min(r.bottom - b.bottom, r.top - b.top);
+    else if (r.top < b.top) box.scrollTop -= b.top - r.top;
+  };
   const render = (tl, pos) => {
     const list = stages(tl);
     if (!list.length) return;
     pos = Math.max(0, Math.min(pos, list.length - 1));
     tl.dataset.pos = String(pos);
     tl.classList.add("sl-stepping");
-    const [at, s] = list[pos];
+    const [at, stage] = list[pos];
+    const told = pos === list.length - 1 || list[pos + 1][0] !== at;  // the round's last stage
     const rounds = [...tl.querySelectorAll(".sl-round")];
     rounds.forEach((r, i) => {
+      const now = i === at;
       r.classList.toggle("sl-future", i > at);
-      r.classList.toggle("sl-step-current", i === at);
-      const drafts = r.querySelectorAll('[data-step="draft"]');
-      drafts.forEach((c, j) => c.classList.toggle("sl-pending", i === at && j >= s));
-      r.querySelectorAll('[data-step="emit"]').forEach((c) => c.classList.toggle("sl-unseen", i === at && s <= drafts.length));
+      r.classList.toggle("sl-step-current", now);
+      r.classList.toggle("sl-checked", now && stage !== "draft");
+      r.classList.toggle("sl-reading", now && stage === "check");
+      r.classList.toggle("sl-told", now && told);
+      r.querySelectorAll('[data-step="draft"]').forEach((c) => c.classList.toggle("sl-pending", now && (stage === "draft" || stage === "check")));
+      r.querySelectorAll('[data-step="emit"]').forEach((c) => c.classList.toggle("sl-unseen", now && stage !== "own"));
     });
-    rounds[at].scrollIntoView({ block: "nearest" });
-    tl.querySelector(".sl-step-where").textContent = describe(rounds[at], s, rounds.length, at);
+    bringIntoView(tl, rounds[at]);
+    tl.querySelector(".sl-step-where").textContent = describe(rounds[at], stage, rounds.length, at);
     const host = hostOf(tl);
-    if (host) { lastHost = host; kept[host] = { pos, at }; follow(host, at); }
+    if (host) { lastHost = host; kept[host] = { pos, at }; holdSentence(host, !told); follow(host, at); }
     if (pos === list.length - 1) pause(tl);
   };
   const playLabel = (tl, playing) => {
@@ -230,10 +252,11 @@
   const showAll = (tl) => {
     pause(tl);
     const host = hostOf(tl);
-    if (host) delete kept[host];
+    if (host) { delete kept[host]; holdSentence(host, false); }
     tl.classList.remove("sl-stepping");
     delete tl.dataset.pos;
-    tl.querySelectorAll(".sl-future, .sl-pending, .sl-unseen, .sl-step-current").forEach((el) => el.classList.remove("sl-future", "sl-pending", "sl-unseen", "sl-step-current"));
+    const marks = ["sl-future", "sl-pending", "sl-unseen", "sl-step-current", "sl-checked", "sl-reading", "sl-told", "sl-later"];
+    tl.querySelectorAll(marks.map((m) => `.${m}`).join(", ")).forEach((el) => el.classList.remove(...marks));
     tl.querySelector(".sl-step-where").textContent = "";
     tl.querySelector(".sl-step-play").textContent = "▶ Step through";
   };
@@ -261,7 +284,7 @@
       const tl = timelineIn(host);
       if (!tl || tl.dataset.pos !== undefined || !tl.querySelector(".sl-stepper")) continue;
       const selected = tl.querySelector(".sl-round.sl-selected");
-      if (!selected) { delete kept[host]; continue; }
+      if (!selected) { delete kept[host]; holdSentence(host, false); continue; }
       const range = slider(host);
       const round = range ? Number(range.value) - 1 : Number(selected.dataset.round);
       const { pos, at } = kept[host];

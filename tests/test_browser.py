@@ -198,32 +198,65 @@ def test_a_new_sweep_clears_what_the_last_one_showed(page):
 
 
 def test_explore_steps_through_each_round_stage_by_stage(page):
-    """The example run, built up one stage at a time: next and previous move one stage, the arrow
-    keys too, and "show all" gives back every round."""
+    """The example run, built up one stage at a time: the draft's guesses; the target reading them
+    all in one pass, its measured time beside the k + 1 plain steps writing them one at a time
+    would take; every verdict at once; the target's own token, and only then the round's sentence.
+    Next and previous move one stage, the arrow keys too, and "show all" gives back every round."""
+    example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
     timeline = page.locator("#timeline")
     page.wait_for_selector("#timeline .sl-stepper", timeout=60_000)
     rounds = timeline.locator(".sl-round").count()
+    first_round = timeline.locator(".sl-round").first
+    drafts = first_round.locator("[data-step='draft']").count()
+    assert drafts == example.rounds[0].drafted > 1
     where = timeline.locator(".sl-step-where")
 
     def state() -> tuple[str, int, int]:
         visible = timeline.locator(".sl-round:not(.sl-future)").count()
         return where.inner_text(), visible, timeline.locator(".sl-pending").count()
 
+    def told() -> bool:  # the round's sentence, in its row and in the view below the timeline
+        held = page.locator("#sentence").get_attribute("data-sl-held") is not None
+        return first_round.locator(".sl-explain").is_visible() and not held
+
+    def own_token_shown() -> bool:
+        emit = first_round.locator("[data-step='emit']")
+        return emit.evaluate("e => getComputedStyle(e).visibility") == "visible"
+
     timeline.locator(".sl-step-next").click()
     first = state()
-    assert first[0].startswith(f"Round 1 of {rounds}:") and first[1] == 1
-    drafts = timeline.locator(".sl-round").first.locator("[data-step='draft']").count()
+    assert first[0].startswith(f"Round 1 of {rounds}: the draft proposes {drafts} tokens") and first[1] == 1
     assert first[2] == drafts  # the draft's tokens shown, none judged yet
-    timeline.locator(".sl-step-next").click()
-    second = state()
-    assert second != first and (second[2] == drafts - 1 or second[0].startswith("Round 2"))
-    timeline.locator(".sl-step-prev").click()
-    assert state() == first
-    timeline.locator(".sl-step-next").press("ArrowRight")
-    assert state() == second
+    assert not told() and not own_token_shown() and not first_round.locator(".sl-pass").is_visible()
+    timeline.locator(".sl-step-next").click()  # the check: one pass over every guess
+    check = state()
+    plain_ms = (example.baseline.token_times_s[-1] - example.baseline.token_times_s[0]) * 1e3
+    plain_ms /= len(example.baseline.token_times_s) - 1
+    assert check[0] == (
+        f"Round 1 of {rounds}: the target reads all {drafts} guesses in one pass: "
+        f"{example.rounds[0].verify_ms:.0f} ms. One at a time, those {drafts} tokens and the target's next "
+        f"would take {drafts + 1} plain steps: {drafts + 1} × {plain_ms:.1f} ms = "
+        f"{(drafts + 1) * round(plain_ms, 1):.0f} ms (the plain run's measured step)."
+    )
+    assert check[2] == drafts  # read together, none judged yet
+    one_pass = first_round.locator(".sl-pass")
+    assert one_pass.is_visible() and one_pass.locator(".sl-pass-one .sl-pass-seg").count() == 1
+    assert one_pass.locator(".sl-pass-steps .sl-pass-seg").count() == drafts + 1
+    assert not told() and not own_token_shown()
+    timeline.locator(".sl-step-next").click()  # every verdict of that pass at once
+    verdicts = state()
+    assert verdicts[0].startswith(f"Round 1 of {rounds}: all {drafts} verdicts at once, from that one pass:")
+    assert verdicts[2] == 0 and not told() and not own_token_shown()
+    timeline.locator(".sl-step-next").click()  # the target's own token, and the sentence with it
+    assert own_token_shown() and told()
     page.screenshot(path=ARTIFACTS / "explore-step-through.png", full_page=True)
+    timeline.locator(".sl-step-prev").click()
+    assert state() == verdicts and not told()
+    timeline.locator(".sl-step-next").press("ArrowLeft")
+    assert state() == check
     timeline.locator(".sl-step-all").click()
     assert timeline.locator(".sl-round:not(.sl-future)").count() == rounds and state()[2] == 0
+    assert not one_pass.is_visible() and page.locator("#sentence").get_attribute("data-sl-held") is None
 
 
 def stepper_at(page) -> str:
@@ -242,11 +275,12 @@ def test_step_through_and_explain_round_share_one_round_and_the_keys_need_no_cli
             break
         page.keyboard.press("ArrowRight")
     assert stepper_at(page).startswith("Round 4 of")
-    page.wait_for_function(
-        "document.querySelector('#sentence').innerText.startsWith('Round 4:')"
+    page.wait_for_function(  # the sentence came, held back until the round's last stage
+        "document.querySelector('#sentence').textContent.trim().startsWith('Round 4:')"
         " && document.querySelector('#timeline .sl-selected[data-round=\"3\"]')",
         timeout=30_000,
     )
+    assert page.locator("#sentence").get_attribute("data-sl-held") == ""
     assert page.locator("#round input[type=number]").input_value() == "4"
     where = stepper_at(page)
     assert where.startswith("Round 4 of")  # the timeline came back and the step-through kept its place
@@ -255,7 +289,7 @@ def test_step_through_and_explain_round_share_one_round_and_the_keys_need_no_cli
     assert stepper_at(page) == where
     set_number(page, "round", 2)
     page.wait_for_function(
-        "document.querySelector('#sentence').innerText.startsWith('Round 2:')"
+        "document.querySelector('#sentence').textContent.trim().startsWith('Round 2:')"
         " && document.querySelector('#timeline .sl-step-where').innerText.startsWith('Round 2 of')",
         timeout=30_000,
     )
@@ -304,7 +338,7 @@ def test_replay_example_and_step_through(page):
         page.wait_for_function(
             f"document.querySelector('#replay-sentence').innerText.startsWith('Round {n}:')", timeout=30_000
         )
-    assert page.locator("#replay-timeline [data-round]").count() == 3
+    assert page.locator("#replay-timeline .sl-round:visible").count() == 3  # the trace up to round 3
     assert page.locator("#replay-timeline .sl-selected[data-round='2']").count() == 1
     page.click("#prev")
     page.wait_for_function(
@@ -336,6 +370,94 @@ def test_replay_counts_every_one_of_forty_quick_clicks(page):
     )
     page.wait_for_timeout(1000)
     assert page.locator("#replay-round input[type=number]").input_value() == "45"
+
+
+def test_a_refused_upload_leaves_the_trace_on_screen_and_a_good_load_clears_the_refusal(page, tmp_path):
+    """A .txt is refused as it arrives and again at Load, naming the file: the trace on screen stays
+    (not the example behind the upload), and the next good load takes the refusal off the screen."""
+    page.get_by_role("tab", name="Replay").click()
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')", timeout=60_000
+    )
+    chosen = page.locator("#example input").input_value()
+    good = next(p for p in sorted((ROOT / "assets" / "traces").glob("*.json")) if p.stem != chosen)
+    shows_good = "([s]) => document.querySelector('#replay-timeline').innerText.includes(s)"
+    start = Trace.load(good).meta.prompt[:30]
+    page.set_input_files("#upload input[type=file]", str(good))
+    page.wait_for_selector("#upload a", timeout=30_000)
+    page.click("#load")
+    page.wait_for_function(shows_good, arg=[start], timeout=60_000)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes, not a trace\n")
+    page.click("#upload button[aria-label='Clear']")
+    page.set_input_files("#upload input[type=file]", str(notes))
+    toasts = "[...document.querySelectorAll('.toast-body.error')]"
+    page.wait_for_function(
+        f"{toasts}.some(t => t.innerText.includes('notes.txt: not a SpecLens trace'))", timeout=30_000
+    )
+    page.click("#load")
+    page.wait_for_function(f"{toasts}.length >= 2", timeout=30_000)  # refused again, not swapped
+    page.wait_for_function("!document.querySelector('#load').disabled", timeout=30_000)
+    page.wait_for_timeout(1000)
+    assert page.evaluate(shows_good, [start])
+    assert page.evaluate(ERROR_BADGES) == 0
+    page.click("#upload button[aria-label='Clear']")
+    page.set_input_files("#upload input[type=file]", str(good))
+    page.wait_for_selector("#upload a", timeout=30_000)
+    page.click("#load")
+    page.wait_for_function(f"{toasts}.length === 0", timeout=5_000)
+    assert page.evaluate(shows_good, [start])
+
+
+def replay_at(page) -> str:
+    return page.locator("#replay-timeline .sl-step-where").inner_text()
+
+
+def test_replays_step_through_slider_and_buttons_cover_the_whole_trace(page):
+    """The 27-round example in Replay: the step-through counts every round, ▶| goes on past round 1
+    and takes the Round slider along, next ▶ and a drag of the slider move the step-through with
+    them, and it reaches the last round."""
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")  # the tab opens on it
+    n = len(trace.rounds)
+    page.get_by_role("tab", name="Replay").click()
+    page.wait_for_function(
+        f"document.querySelector('#replay-round input[type=range]').max === '{n}'"
+        " && document.querySelector('#replay-sentence').innerText.startsWith('Round 1:')",
+        timeout=60_000,
+    )
+    timeline, number = page.locator("#replay-timeline"), page.locator("#replay-round input[type=number]")
+    stages = 4 if trace.rounds[0].drafted else 1  # draft, check, verdicts, the target's own token
+    for _ in range(stages):
+        timeline.locator(".sl-step-next").click()
+        assert replay_at(page).startswith(f"Round 1 of {n}:")
+    timeline.locator(".sl-step-next").click()
+    assert replay_at(page).startswith(f"Round 2 of {n}:")
+    page.wait_for_function(
+        "document.querySelector('#replay-sentence').textContent.trim().startsWith('Round 2:')", timeout=30_000
+    )
+    assert number.input_value() == "2"
+    for _ in range(2):
+        page.click("#next")
+    page.wait_for_function(
+        f"document.querySelector('#replay-timeline .sl-step-where').innerText.startsWith('Round 4 of {n}:')",
+        timeout=30_000,
+    )
+    assert number.input_value() == "4"
+    track = page.locator("#replay-round input[type=range]")
+    box = track.bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 3 / (n - 1), y)  # the thumb, at round 4
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] + 20, y, steps=8)
+    page.mouse.up()
+    page.wait_for_function(
+        f"document.querySelector('#replay-timeline .sl-step-where').innerText.startsWith('Round {n} of {n}:')"
+        f" && document.querySelector('#replay-sentence').textContent.trim().startsWith('Round {n}:')",
+        timeout=30_000,
+    )
+    assert number.input_value() == str(n)
+    assert timeline.locator(".sl-round:visible").count() == n
+    page.screenshot(path=ARTIFACTS / "replay-step-through.png", full_page=True)
 
 
 def test_theory_simulation(page):

@@ -48,7 +48,18 @@ from visualize.charts import (
 from visualize.explain import explain_round, explain_round_markdown
 from visualize.race import plain_tokens, race_html, race_many_html, spec_tokens
 from visualize.simulate import simulate_trace
-from visualize.timeline import KIND_COLOURS, KIND_LABELS, _entropy_caption, timeline_html, token_entropies
+from visualize.timeline import (
+    KIND_COLOURS,
+    KIND_LABELS,
+    _entropy_caption,
+    check_stage,
+    pass_html,
+    plain_step,
+    round_sentence_markdown,
+    timeline_html,
+    token_entropies,
+    verdicts_stage,
+)
 
 EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*.json"))
 
@@ -736,3 +747,78 @@ def test_a_draft_without_a_distribution_is_named_where_the_round_turned():
     assert len(chips) == 2
     for _, tip in chips:
         assert "draft: only “ b”, with q = 1" in html_lib.unescape(tip)
+
+
+def test_the_check_stage_sets_one_pass_against_k_plus_one_plain_steps():
+    """The step-through's check stage: every guess read in one target pass, its measured time beside
+    the k + 1 plain steps writing them one at a time would take, at the plain run's measured step."""
+    trace = hand_made()  # no plain run, and every round drafted
+    first = trace.rounds[0]
+    assert plain_step(trace) is None
+    assert check_stage(first, None) == (
+        "the target reads all 3 guesses in one pass: 20 ms. "
+        "(No plain step was measured in this run to set it against.)"
+    )
+    plain_times = [0.05, 0.06, 0.07, 0.08, 0.09, 0.10]  # a 10 ms step after the first token
+    trace.attach_baseline(Baseline("x", trace.output.token_ids, 0.1, 60.0, plain_times))
+    plain = plain_step(trace)
+    assert plain.ms == pytest.approx(10.0) and plain.source == "the plain run's measured step"
+    assert check_stage(first, plain).endswith(
+        "One at a time, those 3 tokens and the target's next would take 4 plain steps: "
+        "4 × 10.0 ms = 40 ms (the plain run's measured step)."
+    )
+    # One pass drawn as one bar, half as long as the four plain steps' four bars.
+    drawn = pass_html(first, plain)
+    one, steps = drawn.split('class="sl-pass-row sl-pass-steps"')
+    assert one.count("sl-pass-seg") == 1 and 'style="width:50.0%"' in one
+    assert steps.count("sl-pass-seg") == 4 and 'style="width:100.0%"' in steps
+    html = html_lib.unescape(timeline_html(trace))
+    assert 'data-check="the target reads all 3 guesses in one pass: 20 ms. One at a time' in html
+
+
+def test_without_a_plain_run_the_check_stage_uses_the_runs_own_one_token_passes():
+    trace = hand_made()
+    alone = Round(0, [], [], 0, Emitted(9, " h", "target", 0.5), 0.0, 12.0, 12.0)
+    trace.rounds.append(alone)
+    plain = plain_step(trace)
+    assert plain.ms == 12.0 and plain.source == "this run's one-token passes, 1 round that drafted nothing"
+    assert "2 plain steps: 2 × 12.0 ms = 24 ms (this run's one-token passes" in check_stage(
+        trace.rounds[2], plain
+    )
+    rows = re.findall(r'<div class="sl-round[^"]*" data-round="\d+"[^>]*>', timeline_html(trace))
+    assert all("data-check=" in r for r in rows[:3]) and "data-check=" not in rows[3]
+
+
+def test_the_verdict_stage_gives_every_verdict_of_the_pass_at_once():
+    first, second, third = hand_made().rounds
+    assert verdicts_stage(first) == (
+        "all 3 verdicts at once, from that one pass: 1 kept, 1 refused (the target would have written "
+        "another token), 1 never judged (after the refusal)"
+    )
+    assert verdicts_stage(second) == "both verdicts at once, from that one pass: both kept"
+    assert verdicts_stage(third) == "the verdict, from that one pass: kept"
+
+
+def test_a_built_up_timeline_holds_every_round_and_hides_those_after_the_chosen_one():
+    """Replay shows the trace up to its chosen round; the later rounds are there, hidden, so the
+    step-through counts and reaches every round."""
+    html = timeline_html(hand_made(), selected=1, built_up=True)
+    classes = re.findall(r'<div class="(sl-round[^"]*)" data-round', html)
+    assert classes == ["sl-round", "sl-round sl-selected", "sl-round sl-later"]
+    assert "sl-later" not in timeline_html(hand_made(), selected=1)
+
+
+def test_a_draft_copied_from_the_chat_template_says_so_and_quotes_it():
+    """The default pair's first round copies "You are a helpful" from the system prompt the chat
+    template adds: its sentence says where that came from, quoting the text the prompt box hides."""
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    sentence = round_sentence_markdown(trace, 0)
+    assert sentence.startswith(explain_round_markdown(trace.rounds[0], 0))
+    assert (
+        "The draft copied them from the chat template, text the model reads before the typed prompt"
+        in sentence
+    )
+    assert "You are a helpful AI assistant named SmolLM" in sentence
+    # Round 4 copied from the article typed in the prompt (prompt token 31 on): nothing to add.
+    assert trace.rounds[3].match.start == 30 and "chat template" not in round_sentence_markdown(trace, 3)
+    assert "You are a helpful AI assistant" in html_lib.unescape(timeline_html(trace))  # the row's sentence

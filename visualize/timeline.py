@@ -16,11 +16,14 @@ text is escaped.
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from html import escape
 
+from decoding.costmodel import target_ms_per_token
 from decoding.trace import Round, TopToken, Trace
 
-from .explain import SOURCE_LABELS, explain_round
+from .explain import SOURCE_LABELS, explain_round, explain_round_markdown, md_escape
 
 KIND_LABELS = {
     "prompt": "prompt",
@@ -165,13 +168,15 @@ def _round_html(
     prompt_texts: list[str],
     typed: range,
     at_limit: bool = False,
+    plain: PlainStep | None = None,
+    later: bool = False,
 ) -> str:
     chips = [_draft_chip(rnd, j, prompt_texts, typed, greedy) for j in range(rnd.drafted)]
     if rnd.emitted is not None:
         e = rnd.emitted
         tip = f"{KIND_LABELS[e.kind]}\ntarget's probability p = {_fmt(e.p)}" + _turn_lines(rnd)
         chips.append(_token(e.kind, e.text, tip, step="emit"))
-    cls = "sl-round sl-selected" if selected else "sl-round"
+    cls = "sl-round" + " sl-selected" * selected + " sl-later" * later
     timing = f" · {rnd.round_ms:.0f} ms" if rnd.round_ms else ""  # a simulated round took no time
     # A tree round shows its main line (the accepted path, then the best refused child).
     shape = f"tree of {len(rnd.tree)}" if rnd.tree else f"{rnd.drafted} drafted"
@@ -181,11 +186,14 @@ def _round_html(
     if rnd.source:  # a draft of several sources: the one that drafted this round
         shape += f" · by {SOURCE_LABELS.get(rnd.source, rnd.source)}"
     nodes = f' data-tree-nodes="{len(rnd.tree)}"' if rnd.tree else ""
+    stages = _stage_attrs(rnd, plain) if rnd.drafted else ""
+    sentence = explain_round(rnd, index, greedy, at_limit) + template_copy_note(rnd, prompt_texts, typed)
     return (
-        f'<div class="{cls}" data-round="{index}"{nodes}>'
+        f'<div class="{cls}" data-round="{index}"{nodes}{stages}>'
         f'<span class="sl-label">#{index + 1} · {shape}{timing}</span>'
         f'<span class="sl-chips">{"".join(chips)}</span>'
-        f'<div class="sl-explain">{escape(explain_round(rnd, index, greedy, at_limit))}</div>'
+        f"{pass_html(rnd, plain) if rnd.drafted else ''}"
+        f'<div class="sl-explain">{escape(sentence)}</div>'
         "</div>"
     )
 
@@ -256,7 +264,8 @@ def _template_fold(spans: list[str], first: int, opened: bool) -> str:
 
 
 # Step-through controls; assets/speclens.js builds each round up stage by stage: the draft's
-# tokens appear, each is judged in turn, then the target's own token appears.
+# tokens appear; the target reads them all in one pass (check_stage, pass_html); every verdict of
+# that pass at once (verdicts_stage); then the target's own token, and the round's sentence.
 STEPPER = (
     '<div class="sl-stepper" role="group" aria-label="step through the rounds">'
     '<button type="button" class="sl-step-prev" aria-label="previous stage" title="previous stage (←)">◀</button>'
@@ -269,6 +278,127 @@ STEPPER = (
     '<span class="sl-step-where" aria-live="polite"></span>'
     "</div>"
 )
+
+
+@dataclass(frozen=True)
+class PlainStep:
+    """One plain target step's time, which a round's one pass is set against, and where it came from."""
+
+    ms: float
+    source: str
+
+
+def plain_step(trace: Trace) -> PlainStep | None:
+    """The plain run's measured step where the run was compared with one; else the mean of this run's
+    own one-token passes (rounds that drafted nothing: the target alone, as in plain decoding);
+    None when it has neither."""
+    ms = target_ms_per_token(trace.baseline.token_times_s) if trace.baseline else None
+    if ms:
+        return PlainStep(ms, "the plain run's measured step")
+    single = [r.verify_ms for r in trace.rounds if r.checked == 1 and r.verify_ms > 0]
+    if not single:
+        return None
+    rounds = f"{len(single)} round{'s' * (len(single) != 1)}"
+    return PlainStep(sum(single) / len(single), f"this run's one-token passes, {rounds} that drafted nothing")
+
+
+def _ms(x: float) -> str:
+    return f"{x:.0f} ms" if x >= 10 else f"{x:.1f} ms"
+
+
+def check_stage(rnd: Round, plain: PlainStep | None) -> str:
+    """The step-through's check stage: every guess read in one target pass, its measured time beside
+    what the target would take to write them one at a time (and its own next token: k + 1 steps)."""
+    d = rnd.drafted
+    read = (
+        f"all {len(rnd.tree)} tokens of the tree"
+        if rnd.tree
+        else "the guess"
+        if d == 1
+        else f"all {d} guesses"
+    )
+    text = f"the target reads {read} in one pass: {_ms(rnd.verify_ms)}."
+    if plain is None:
+        return text + " (No plain step was measured in this run to set it against.)"
+    those = "that token" if d == 1 else f"those {d} tokens"
+    steps = d + 1
+    return text + (
+        f" One at a time, {those} and the target's next would take {steps} plain steps: "
+        f"{steps} × {plain.ms:.1f} ms = {_ms(steps * round(plain.ms, 1))} ({plain.source})."
+    )
+
+
+def verdicts_stage(rnd: Round) -> str:
+    """The step-through's verdict stage: every verdict of the one pass at once."""
+    counts = Counter(v.kind for v in rnd.verdicts)
+    d = rnd.drafted
+    if counts["accepted"] == d:
+        said = "kept" if d == 1 else "both kept" if d == 2 else f"all {d} kept"
+    elif d == 1:
+        said = "refused (the target would have written another token)"
+    else:
+        said = f"{counts['accepted'] or 'none'} kept, 1 refused (the target would have written another token)"
+        if counts["discarded"]:
+            said += f", {counts['discarded']} never judged (after the refusal)"
+    where = "on the main line, " if rnd.tree else ""
+    verdicts = "the verdict" if d == 1 else "both verdicts at once" if d == 2 else f"all {d} verdicts at once"
+    return f"{where}{verdicts}, from that one pass: {said}"
+
+
+def _stage_attrs(rnd: Round, plain: PlainStep | None) -> str:
+    """What the step-through says at a round's check and verdict stages (assets/speclens.js)."""
+    check, verdicts = escape(check_stage(rnd, plain), quote=True), escape(verdicts_stage(rnd), quote=True)
+    return f' data-check="{check}" data-verdicts="{verdicts}"'
+
+
+def pass_html(rnd: Round, plain: PlainStep | None) -> str:
+    """The check stage drawn, on one time scale: the one pass as one bar, beside k + 1 plain steps
+    as k + 1 bars. Shown only while the step-through is at that round's check (assets/speclens.css)."""
+    d = rnd.drafted
+    what = f"{len(rnd.tree)} tree tokens" if rnd.tree else f"{d} guess{'es' * (d != 1)}"
+    rows = [("sl-pass-one", f"one pass, {what}", rnd.verify_ms, 1)]
+    if plain is not None:
+        rows.append(("sl-pass-steps", f"{d + 1} plain steps, one token each", (d + 1) * plain.ms, d + 1))
+    top = max(ms for _, _, ms, _ in rows) or 1.0
+    html = []
+    for cls, label, ms, parts in rows:
+        segments = '<span class="sl-pass-seg"></span>' * parts
+        html.append(
+            f'<span class="sl-pass-row {cls}"><span class="sl-pass-what">{escape(label)}</span>'
+            f'<span class="sl-pass-track"><span class="sl-pass-bar" style="width:{100 * ms / top:.1f}%">'
+            f'{segments}</span></span><span class="sl-pass-ms">{_ms(ms)}</span></span>'
+        )
+    return f'<div class="sl-pass">{"".join(html)}</div>'
+
+
+def _quote(text: str) -> str:
+    return "“" + text.replace("\n", "↵") + "”"
+
+
+def template_copy_note(rnd: Round, prompt_texts: list[str], typed: range, markdown: bool = False) -> str:
+    """A sentence for a draft copied from the chat template: the model reads that text around the typed
+    prompt, and the prompt box never shows it, so the sentence quotes it. Empty for any other round."""
+    m = rnd.match
+    if m is None or m.start >= len(prompt_texts) or m.start in typed or not rnd.drafted:
+        return ""
+    before = m.start < typed.start
+    text = "".join(prompt_texts[: typed.start] if before else prompt_texts[typed.stop :])
+    quoted = md_escape(_quote(text)) if markdown else _quote(text)
+    them = "it" if rnd.drafted == 1 else "them"
+    return (
+        f" The draft copied {them} from the chat template, text the model reads "
+        f"{'before' if before else 'after'} the typed prompt but the prompt box hides "
+        f"(folded in the prompt row): {quoted}."
+    )
+
+
+def round_sentence_markdown(trace: Trace, index: int) -> str:
+    """Round `index` told in a sentence for a Markdown view, with where a copied draft came from."""
+    rnd = trace.rounds[index]
+    sentence = explain_round_markdown(rnd, index, at_limit=trace.left_to_the_target(index))
+    return sentence + template_copy_note(
+        rnd, trace.meta.prompt_token_texts, _typed_range(trace), markdown=True
+    )
 
 
 def token_entropies(trace: Trace) -> list[tuple[str, str, float | None]]:
@@ -332,8 +462,12 @@ def legend_html() -> str:
     return f'<div class="sl-legend">{items}</div>'
 
 
-def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = None) -> str:
-    """The timeline of rounds [0, upto) (all when None), with round `selected` highlighted."""
+def timeline_html(
+    trace: Trace, upto: int | None = None, selected: int | None = None, built_up: bool = False
+) -> str:
+    """The timeline of rounds [0, upto) (all when None), with round `selected` highlighted.
+    `built_up`: the rounds after the selected one are there but hidden (Replay), so the step-through
+    and its count still cover the whole trace."""
     steps = trace.rounds if upto is None else trace.rounds[:upto]
     greedy = trace.meta.sampling.greedy
     prompt_texts = trace.meta.prompt_token_texts
@@ -345,8 +479,20 @@ def timeline_html(trace: Trace, upto: int | None = None, selected: int | None = 
         parts.append(
             f'<div class="sl-prompt"><span class="sl-label">prompt</span>{_prompt_html(trace, chosen, typed)}</div>'
         )
+    plain = plain_step(trace)
+    hide_after = selected if built_up and selected is not None else len(steps)
     parts += [
-        _round_html(s, i, greedy, i == selected, prompt_texts, typed, trace.left_to_the_target(i))
+        _round_html(
+            s,
+            i,
+            greedy,
+            i == selected,
+            prompt_texts,
+            typed,
+            trace.left_to_the_target(i),
+            plain,
+            i > hide_after,
+        )
         for i, s in enumerate(steps)
     ]
     if trace.meta.stopped and upto is None:

@@ -29,9 +29,8 @@ from decoding.drafts.suffix import SuffixCorpus, SuffixDraft
 from decoding.trace import Trace
 from visualize.cards import stats_html
 from visualize.charts import trace_figures
-from visualize.explain import explain_round_markdown
 from visualize.race import race_html
-from visualize.timeline import empty_timeline_html, timeline_html
+from visualize.timeline import empty_timeline_html, round_sentence_markdown, timeline_html
 
 EXPLORE_INPUTS = ("prompt", *SETTINGS, "compare")
 EXPLORE_OUTPUTS = (
@@ -87,7 +86,7 @@ def explore_views(trace: Trace) -> list:
         *save_downloads(trace),
         trace.to_dict(),
         round_slider(len(trace.rounds)),
-        explain_round_markdown(first, 0, at_limit=trace.left_to_the_target(0)) if first else "",
+        round_sentence_markdown(trace, 0) if first else "",
         tree_view(first),
     ]
 
@@ -167,6 +166,4 @@ def explain_round(trace_dict: dict | None, round_no: float):
     if not trace.rounds:
         return timeline_html(trace), "This run has no rounds.", tree_view(None)
     i = min(max(int(round_no), 1), len(trace.rounds)) - 1
-    rnd = trace.rounds[i]
-    sentence = explain_round_markdown(rnd, i, at_limit=trace.left_to_the_target(i))
-    return timeline_html(trace, selected=i), sentence, tree_view(rnd, i)
+    return timeline_html(trace, selected=i), round_sentence_markdown(trace, i), tree_view(trace.rounds[i], i)

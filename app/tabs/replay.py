@@ -14,8 +14,7 @@ from decoding.errors import SpecLensError
 from decoding.trace import Trace, validate
 from visualize.cards import stats_html
 from visualize.charts import trace_figures
-from visualize.explain import explain_round_markdown
-from visualize.timeline import empty_timeline_html, timeline_html
+from visualize.timeline import empty_timeline_html, round_sentence_markdown, timeline_html
 
 MAX_TRACE_BYTES = 20_000_000  # a 2,048-token run with every list filled is well under 5 MB
 
@@ -57,12 +56,13 @@ def load_replay(upload: str | None, example: str | None):
 
 def replay_views(trace: Trace, round_no: int) -> tuple:
     i = min(max(round_no, 1), len(trace.rounds)) - 1
-    rnd = trace.rounds[i]
-    sentence = explain_round_markdown(rnd, i, at_limit=trace.left_to_the_target(i))
-    return timeline_html(trace, upto=i + 1, selected=i), sentence, tree_view(rnd, i)
+    timeline = timeline_html(trace, selected=i, built_up=True)
+    return timeline, round_sentence_markdown(trace, i), tree_view(trace.rounds[i], i)
 
 
 def replay_step(trace_dict: dict | None, round_no: float):
     if not trace_dict:
         return empty_timeline_html("Load a trace first."), "", tree_view(None)
     return replay_views(Trace.from_dict(trace_dict), int(round_no))
+    """The trace up to the chosen round (the rounds after it there but hidden, so the step-through
+    covers the whole trace and moves the slider), its sentence and its tree."""
