@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_llama
+from test_heads import random_head
+from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 
+from decoding.core.batch import BatchSettings, batch_generate
+from decoding.core.plain import autoregressive_generate
+from decoding.core.speculative import speculative_generate
+from decoding.drafts import HybridDraft, LayerDraft, ModelDraft, NGramDraft
+from decoding.drafts.head import HeadDraft
+from decoding.drafts.suffix import SuffixCorpus, SuffixDraft
 from decoding.runtime import llama, rowlinear
 from decoding.runtime.forward import forward, forward_batch, new_cache
 from decoding.runtime.rowlinear import use_row_kernel
+from decoding.settings.policies import make_policy
+from decoding.settings.sampling import Sampling
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
 
@@ -51,3 +62,91 @@ def test_a_batched_pass_gives_each_sequence_what_it_gets_alone(make, exact):
         assert a.get_seq_length() == t.get_seq_length()
         for la, lt in zip(a.layers, t.layers, strict=True):
             assert _same(la.keys, lt.keys, exact) and _same(la.values, lt.values, exact)
+
+
+PROMPTS = [[1, 5, 9, 3, 7, 5, 9], [2, 2, 2, 8, 2, 2], [42], [7, 7, 1, 2, 3, 4, 7, 7, 1], [9, 8, 7, 6, 5]]
+
+
+def _drafts(target, draft) -> dict:
+    """Every draft source, built for the tiny target (the head random, over the even tokens)."""
+    head = random_head(target, list(range(0, 64, 2)), std=0.2)
+    return {
+        "ngram": NGramDraft(),
+        "suffix": SuffixDraft(SuffixCorpus()),
+        "layers": LayerDraft(target, 1, 64),
+        "model": ModelDraft(draft, 64, "self"),  # the target itself: always right, so bonus rounds too
+        "head": HeadDraft(head, target, "h"),
+        "hybrid": HybridDraft(NGramDraft(), HeadDraft(head, target, "h"), min_match=2),
+    }
+
+
+def _batch(target, draft, size: int, k: int = 3, sampling: Sampling = Sampling(), tokens: int = 30):
+    prompts = [torch.tensor([p]) for p in PROMPTS]
+    settings = BatchSettings(size, sampling, tokens)
+    return batch_generate(
+        target, prompts, settings, draft, (lambda: make_policy("fixed", k)) if draft else None
+    )
+
+
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_kernel)], ids=["modules", "kernel"])
+def test_every_sequence_of_a_batch_is_its_own_plain_run_for_every_draft_source(kernel):
+    """Greedy, at batch sizes 1 to 5 with sequences joining as others finish: every output is its
+    prompt's plain output, and every sequence's acceptance round by round is what it gets decoding
+    alone (a head's features sent to the wrong sequence would keep the output and lose acceptance)."""
+    target = _kernel_llama(0) if kernel else tiny_llama(seed=0)
+    plain = [autoregressive_generate(target, torch.tensor([p]), max_new_tokens=30).token_ids for p in PROMPTS]
+    for size in (1, 2, 5):
+        assert _batch(target, None, size).outputs == plain, size
+    for name, draft in _drafts(target, target).items():
+        alone = [
+            speculative_generate(
+                target, torch.tensor([p]), draft.fork(), make_policy("fixed", 3), max_new_tokens=30
+            )
+            for p in PROMPTS
+        ]
+        for size in (1, 2, 5):
+            run = _batch(target, draft, size)
+            assert run.outputs == plain, (name, size)
+            if name != "suffix":  # its corpus holds what the other sequences wrote so far
+                accepted = [[r.verdict.n_accepted for r in rounds] for rounds in run.rounds]
+                assert accepted == [[r.n_accepted for r in t.rounds] for t in alone], (name, size)
+        assert sum(t.totals.accepted for t in alone) > 0, name
+
+
+def test_a_batch_pass_checks_every_sequences_rows_and_shares_its_time(tiny_target):
+    run = _batch(tiny_target, NGramDraft(), 3)
+    assert max(p.sequences for p in run.passes) == 3
+    for rounds, passes in zip(run.rounds, run.round_passes, strict=True):
+        for r, i in zip(rounds, passes, strict=True):
+            whole = run.passes[i]
+            assert r.verify_s * 1e3 <= whole.ms + 1e-9
+            assert whole.rows >= len(r.proposal) + 1
+    assert sum(p.rows for p in run.passes) == sum(len(r.proposal) + 1 for rs in run.rounds for r in rs)
+
+
+@pytest.mark.parametrize("source", ["head", "ngram"])
+def test_sampling_in_a_batch_follows_the_target(source):
+    """Three copies of a prompt decoded together, each with its own generator: the pairs of tokens
+    they write are drawn from the target's own distribution."""
+    vocab = 10
+    target = tiny_llama(seed=3, layers=4, vocab=vocab, init=0.6)
+    sampling = Sampling(temperature=1.0)
+    head = random_head(target, [0, 1, 2, 3, 5, 6, 8], seed=2, std=0.5)
+    draft = HeadDraft(head, target, "h") if source == "head" else NGramDraft()
+    prompt = [3, 5, 3, 5, 3]
+    joint = exact_pair_distribution(target, torch.tensor([prompt]), sampling)
+    counts, accepted = np.zeros((vocab, vocab)), 0
+    for seed in range(350):
+        s = Sampling(1.0, seed=3 * seed)
+        run = batch_generate(
+            target,
+            [torch.tensor([prompt])] * 3,
+            BatchSettings(3, s, 2),
+            draft,
+            lambda: make_policy("fixed", 2),
+        )
+        for out, rounds in zip(run.outputs, run.rounds, strict=True):
+            counts[out[0], out[1]] += 1
+            accepted += sum(r.verdict.n_accepted for r in rounds)
+    assert accepted > 50
+    assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA

@@ -154,7 +154,7 @@ def test_version_4_traces_load_with_drafted_for_what_was_k():
     assert [r.drafted for r in trace.rounds] == [r["k"] for r in old["rounds"]]
     assert {r.drafted for r in trace.rounds} > {trace.meta.policy.k}  # a short match drafts fewer
     data = trace.to_dict()
-    assert data["version"] == TRACE_VERSION == 5
+    assert data["version"] == TRACE_VERSION == 6
     assert all("drafted" in r and "k" not in r for r in data["rounds"])
     assert Trace.from_json(trace.to_json()).to_dict() == data
     assert Trace.load(path).totals.proposed == sum(r["k"] for r in old["rounds"]) == old["totals"]["proposed"]

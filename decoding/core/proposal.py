@@ -8,8 +8,9 @@ is told after each round how much of the sequence is still valid.
 from __future__ import annotations
 
 import contextlib
+import copy
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,6 +101,22 @@ class Draft(ABC):
 
     def watching_target(self) -> contextlib.AbstractContextManager:
         """The loop runs each target pass inside this: a head draft reads the target's features there."""
+        return contextlib.nullcontext()
+
+    def fork(self) -> Draft:
+        """A draft for another sequence decoded beside this one (a batch): what it shares (weights,
+        a corpus) shared, what a sequence owns (a KV cache, tapped rows, its place in a corpus) its
+        own. A copy, reset: `reset` rebinds what a sequence owns, never changes it in place."""
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
+
+    def watching_together(
+        self, drafts: Sequence[Draft], rows: Sequence[int]
+    ) -> contextlib.AbstractContextManager:
+        """One target pass over several sequences runs inside this: `rows[i]` rows of `drafts[i]`'s
+        sequence (this draft's forks), one sequence after another. A head draft hands each its own
+        features there."""
         return contextlib.nullcontext()
 
     def leaving_no_memory(self) -> contextlib.AbstractContextManager:

@@ -47,30 +47,58 @@ def speculative_round(
     and the target's own next token. Afterwards the target's cache and the draft's hold exactly
     `seq` plus the accepted drafts."""
     t0 = dec.clock()
-    proposal = dec.draft.propose(seq, k, dec.sampling, dec.generator, stop) if k > 0 else None
-    proposal = _cut_after_eos(proposal or empty_proposal(seq.device), dec.eos)
+    proposal = draft_chain(dec, seq, k, stop)
     t1 = dec.clock()
-    candidates = torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
     with dec.draft.watching_target():
-        logits = forward(dec.target, candidates, cache)
-    verdict = _verify(logits, proposal, dec.sampling, dec.generator)
+        logits = forward(dec.target, chain_inputs(seq, proposal), cache)
+    verdict = check_chain(dec, logits, proposal)
     t2 = dec.clock()
+    return keep_agreed(dec, cache, seq, proposal, verdict, (t1 - t0, t2 - t1, t0))
 
+
+def draft_chain(dec: Decoder, seq: torch.Tensor, k: int, stop: StopRule | None = None) -> Proposal:
+    """The draft's up to k tokens after `seq`, none past a stop token."""
+    proposal = dec.draft.propose(seq, k, dec.sampling, dec.generator, stop) if k > 0 else None
+    return _cut_after_eos(proposal or empty_proposal(seq.device), dec.eos)
+
+
+def chain_inputs(seq: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+    """What the target's check reads: the last token of `seq` (not yet in its cache), then the draft."""
+    return torch.cat([seq[:, -1:], proposal.tokens.view(1, -1)], dim=1)
+
+
+def check_chain(dec: Decoder, logits: torch.Tensor, proposal: Proposal) -> Verification:
+    if dec.sampling.greedy:
+        return verify_greedy(logits, proposal.tokens)
+    return verify_sampling(warp(logits, dec.sampling), proposal.tokens, proposal.dists, dec.generator)
+
+
+def keep_agreed(
+    dec: Decoder,
+    cache,
+    seq: torch.Tensor,
+    proposal: Proposal,
+    verdict: Verification,
+    times: tuple[float, float, float],
+) -> RoundResult:
+    """Roll the target's cache and the draft back to `seq` plus the accepted drafts; the round's
+    result. `times`: the draft's and the check's seconds, and when the round started."""
     n = verdict.n_accepted
     kept = proposal.tokens[:n].tolist()
     emitted = int(verdict.emitted)
     ended_in_draft = bool(dec.eos & set(kept))  # an accepted EOS: no token after it
     crop(cache, seq.shape[1] + n)
     dec.draft.rollback(seq.shape[1] + n)
+    draft_s, verify_s, start = times
     return RoundResult(
         proposal,
         verdict,
         kept if ended_in_draft else [*kept, emitted],
         None if ended_in_draft else emitted,
         ended_in_draft or emitted in dec.eos,
-        t1 - t0,
-        t2 - t1,
-        dec.clock() - t0,
+        draft_s,
+        verify_s,
+        dec.clock() - start,
     )
 
 
@@ -287,11 +315,3 @@ def _cut_after_eos(proposal: Proposal, eos: set[int]) -> Proposal:
         if t in eos:
             return proposal.truncate(i + 1)
     return proposal
-
-
-def _verify(
-    logits: torch.Tensor, proposal: Proposal, sampling: Sampling, generator: torch.Generator
-) -> Verification:
-    if sampling.greedy:
-        return verify_greedy(logits, proposal.tokens)
-    return verify_sampling(warp(logits, sampling), proposal.tokens, proposal.dists, generator)

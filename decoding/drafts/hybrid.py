@@ -50,6 +50,12 @@ class HybridDraft(Draft):
     def watching_target(self) -> contextlib.AbstractContextManager:
         return self.head.watching_target()
 
+    def fork(self) -> HybridDraft:
+        return HybridDraft(self.ngram.fork(), self.head.fork(), self.min_match, self.head_k)
+
+    def watching_together(self, drafts, rows) -> contextlib.AbstractContextManager:
+        return self.head.watching_together([d.head for d in drafts], rows)
+
     def _copies(self, seq) -> bool:
         matched, _ = self.ngram.suffix_matches(seq[0])
         return matched >= self.min_match

@@ -45,7 +45,7 @@ def meta_problem(meta: dict[str, Any]) -> str | None:
     for key in ("compiled", "row_kernel", "packed_output_layer", "chat_template"):
         if not isinstance(meta.get(key, False), bool):
             return f"meta.{key} must be true or false"
-    for key in ("prompt_tokens", "max_new_tokens", "tree_nodes", "branch"):
+    for key in ("prompt_tokens", "max_new_tokens", "tree_nodes", "branch", "batch_size", "batch_sequence"):
         if not is_int(meta.get(key, 0)):
             return f"meta.{key} must be a whole number"
     if not is_texts(meta.get("prompt_token_texts", [])):

@@ -22,7 +22,7 @@ TOKEN_KINDS = ("prompt", "accepted", "rejected", "discarded", "correction", "bon
 # 3: "rounds" (not "steps"), `round_ms`, totals with `rounds` and `tokens_per_round`.
 # 4: a round that drafted nothing emits the target's own token as kind "target" (was "bonus").
 # 5: a round's `drafted` (was `k`): the tokens it drafted, which a policy may make fewer than its k.
-TRACE_VERSION = 5
+TRACE_VERSION = 6
 
 
 @dataclass
@@ -128,6 +128,10 @@ class Round:
     tree: list[TreeNode] | None = None
     translation: Translation | None = None  # a draft with another tokenizer
     source: str | None = None  # a draft of several sources (ngram+head): the one that drafted this round
+    # A batched run's round: the rows its target pass checked for every sequence in it, and that
+    # pass's whole time (verify_ms is this sequence's share: the pass's time by its share of the rows).
+    pass_rows: int | None = None
+    pass_ms: float | None = None
 
     def __post_init__(self) -> None:
         for j, v in enumerate(self.verdicts):
@@ -265,6 +269,8 @@ class RunMeta:
     branch: int = 0  # a tree's candidates per expansion
     started: str = ""  # ISO time, UTC
     stopped: str | None = None  # why the run ended before its end, when it did
+    batch_size: int = 1  # sequences decoded together (continuous batching), this one among them
+    batch_sequence: int = 0  # this sequence's place in its batch run's prompts, from 0
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -438,4 +444,6 @@ def _round_from_dict(s: dict[str, Any]) -> Round:
         tree=None if s.get("tree") is None else [TreeNode(**n) for n in s["tree"]],
         translation=None if s.get("translation") is None else Translation(**s["translation"]),
         source=s.get("source"),
+        pass_rows=s.get("pass_rows"),
+        pass_ms=s.get("pass_ms"),
     )

@@ -45,6 +45,9 @@ class HeadDraft(Draft):
     def watching_target(self) -> contextlib.AbstractContextManager:
         return self.tap.recording(self.rows)
 
+    def watching_together(self, drafts, rows) -> contextlib.AbstractContextManager:
+        return self.tap.recording_split([d.rows for d in drafts], rows)
+
     def _read_target(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Feed the head the target's new features: the output row that predicts the
         token after `seq` and its logits, or None when the features do not line up with `seq`."""

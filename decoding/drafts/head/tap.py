@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -37,21 +37,33 @@ class FeatureTap:
 
     def _hook(self, layer: int):
         def hook(module, args, kwargs):
-            rows = getattr(self.local, "rows", None)
-            if rows is not None:
-                hidden = args[0] if args else kwargs["hidden_states"]
-                rows.setdefault(layer, []).append(hidden[0])
+            readers = getattr(self.local, "readers", None)
+            if readers is not None:
+                hidden = (args[0] if args else kwargs["hidden_states"])[0]
+                parts = [hidden] if self.local.sizes is None else hidden.split(self.local.sizes)
+                for rows, part in zip(readers, parts, strict=True):
+                    rows.setdefault(layer, []).append(part)
 
         return hook
 
-    @contextlib.contextmanager
-    def recording(self, rows: dict[int, list[torch.Tensor]]) -> Iterator[None]:
+    def recording(self, rows: dict[int, list[torch.Tensor]]) -> contextlib.AbstractContextManager:
         """Target passes run in this block, on this thread, add their rows to `rows`."""
-        self.local.rows = rows
+        return self._recording([rows], None)
+
+    def recording_split(
+        self, readers: Sequence[dict[int, list[torch.Tensor]]], sizes: Sequence[int]
+    ) -> contextlib.AbstractContextManager:
+        """A pass over several sequences' rows (`sizes[i]` of them for `readers[i]`, in order) runs in
+        this block: each reader gets its own sequence's rows."""
+        return self._recording(readers, list(sizes))
+
+    @contextlib.contextmanager
+    def _recording(self, readers, sizes: list[int] | None) -> Iterator[None]:
+        self.local.readers, self.local.sizes = readers, sizes
         try:
             yield
         finally:
-            self.local.rows = None
+            self.local.readers = None
 
     def take(self, rows: dict[int, list[torch.Tensor]]) -> torch.Tensor:
         """Every row in `rows`, as [n, 3 × hidden], and `rows` emptied."""

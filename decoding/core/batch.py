@@ -1,0 +1,181 @@
+"""Many sequences at once: plain and speculative decoding of a batch, one target pass a step.
+
+Up to `size` sequences decode together; one that finishes leaves and the next waiting prompt
+joins (continuous batching), its prefill run on its own between two passes, never inside one.
+Each sequence keeps its own cache, draft (a fork of the run's), policy and random generator,
+and drafts, accepts, corrects and rolls back on its own through the single-sequence loop's
+own functions (`speculative.py`), so each output is the one its own run gives. What batching
+changes is the target pass: the rows of every sequence in one (`forward_batch`).
+
+A pass's time is shared among its sequences by their rows: each round's `verify_s` is its
+sequence's share, and the pass itself is kept whole in `BatchRun.passes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..runtime.forward import forward_batch
+from ..settings.policies import Policy
+from ..settings.sampling import Sampling
+from .plain import Clock, prefill
+from .proposal import Draft
+from .record import RoundResult
+from .speculative import Decoder, chain_inputs, check_chain, draft_chain, keep_agreed
+from .verify import warp
+
+
+@dataclass
+class Pass:
+    """One target pass of a batched run: the rows it checked, for how many sequences, and its time."""
+
+    rows: int
+    sequences: int
+    ms: float
+
+
+@dataclass
+class Request:
+    """One sequence in flight: its tokens so far (prompt and output), its cache and its decoder."""
+
+    index: int  # its prompt's place in the run's prompts
+    seq: torch.Tensor  # [1, n]
+    cache: object
+    dec: Decoder | None  # None: plain decoding
+    policy: Policy | None
+    generator: torch.Generator
+    joined_s: float  # when its prefill started, from the run's start
+    output: list[int] = field(default_factory=list)
+    rounds: list[RoundResult] = field(default_factory=list)
+    round_passes: list[int] = field(default_factory=list)  # each round's pass, in `BatchRun.passes`
+    token_times_s: list[float] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass
+class BatchRun:
+    """What a batched run made: per prompt, in the prompts' order, its output, its rounds (none
+    for plain decoding) and when each token was ready (from the run's start); every pass."""
+
+    outputs: list[list[int]]
+    rounds: list[list[RoundResult]]
+    round_passes: list[list[int]]  # each round's pass, in `passes`
+    token_times_s: list[list[float]]
+    joined_s: list[float]  # when each prompt's prefill started
+    passes: list[Pass]
+    wall_s: float  # the whole run: every prefill and every pass
+    prefill_s: float
+
+
+@dataclass
+class BatchSettings:
+    size: int  # sequences decoded together at most
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = 128
+    eos_ids: Collection[int] = ()
+
+
+def batch_generate(
+    target: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    settings: BatchSettings,
+    draft: Draft | None = None,
+    policy: Callable[[], Policy] | None = None,
+) -> BatchRun:
+    """Decode every prompt ([1, n] each) with at most `settings.size` at once: plainly where `draft` is
+    None, else speculatively, each sequence drafting with its own fork of `draft` and its own `policy()`
+    (chains; a round's k is the policy's, capped so no round passes `max_new_tokens`)."""
+    clock = Clock(prompts[0].device)
+    waiting = list(range(len(prompts)))
+    active: list[Request] = []
+    done: dict[int, Request] = {}
+    passes: list[Pass] = []
+    start, prefill_s = clock(), 0.0
+    while waiting or active:
+        while waiting and len(active) < settings.size:
+            t = clock()
+            active.append(_join(target, prompts, waiting.pop(0), settings, draft, policy, t - start))
+            prefill_s += clock() - t
+        step = _speculative_step if draft is not None else _plain_step
+        passes.append(step(target, active, settings, clock, start))
+        for s in active:
+            s.round_passes += [len(passes) - 1] * (len(s.rounds) - len(s.round_passes))
+        for s in [s for s in active if s.finished]:
+            active.remove(s)
+            done[s.index] = s
+    ordered = [done[i] for i in range(len(prompts))]
+    return BatchRun(
+        [s.output for s in ordered],
+        [s.rounds for s in ordered],
+        [s.round_passes for s in ordered],
+        [s.token_times_s for s in ordered],
+        [s.joined_s for s in ordered],
+        passes,
+        clock() - start,
+        prefill_s,
+    )
+
+
+def _join(target, prompts, index: int, settings: BatchSettings, draft, policy, now_s: float) -> Request:
+    """A waiting prompt, prefilled on its own (with its draft watching, as a single run's)."""
+    prompt = prompts[index]
+    generator = torch.Generator(device=prompt.device).manual_seed(settings.sampling.seed + index)
+    fork = dec = None
+    if draft is not None:
+        fork = draft.fork()
+        dec = Decoder(target, fork, settings.sampling, generator, set(settings.eos_ids), Clock(prompt.device))
+    cache = prefill(target, prompt, fork)
+    return Request(index, prompt, cache, dec, policy() if policy else None, generator, now_s)
+
+
+def _plain_step(target, active: list[Request], settings: BatchSettings, clock, start: float) -> Pass:
+    """One token for every sequence: one pass over their last tokens."""
+    t = clock()
+    logits = forward_batch(target, [s.seq[:, -1:] for s in active], [s.cache for s in active])
+    ms = (clock() - t) * 1e3
+    for s, rows in zip(active, logits, strict=True):
+        if settings.sampling.greedy:
+            token = rows[-1].argmax()
+        else:
+            token = torch.multinomial(warp(rows[-1], settings.sampling), 1, generator=s.generator)[0]
+        _extend(s, [int(token)], int(token) in settings.eos_ids, settings, clock() - start)
+    return Pass(len(active), len(active), ms)
+
+
+def _speculative_step(target, active: list[Request], settings: BatchSettings, clock, start: float) -> Pass:
+    """One round for every sequence: each drafts on its own, one pass checks all their drafts, and
+    each keeps what its target rows agree with."""
+    proposals, draft_s = [], []
+    for s in active:
+        t = clock()
+        k = min(s.policy.next_k(), settings.max_new_tokens - len(s.output) - 1)
+        proposals.append(draft_chain(s.dec, s.seq, k, s.policy.stop))
+        draft_s.append(clock() - t)
+    inputs = [chain_inputs(s.seq, p) for s, p in zip(active, proposals, strict=True)]
+    rows = [i.shape[1] for i in inputs]
+    drafts = [s.dec.draft for s in active]
+    t = clock()
+    with drafts[0].watching_together(drafts, rows):
+        logits = forward_batch(target, inputs, [s.cache for s in active])
+    pass_s = clock() - t
+    for s, proposal, own, n, d in zip(active, proposals, logits, rows, draft_s, strict=True):
+        t = clock()
+        share = pass_s * n / sum(rows)
+        verdict = check_chain(s.dec, own, proposal)
+        # keep_agreed times the round from its third figure: this sequence's draft, its
+        # share of the pass and its own verdict, not the other sequences' drafting.
+        r = keep_agreed(s.dec, s.cache, s.seq, proposal, verdict, (d, share, t - d - share))
+        s.policy.update(r.verdict.n_accepted, len(r.proposal))
+        s.rounds.append(r)
+        _extend(s, r.new_tokens, r.finished, settings, clock() - start)
+    return Pass(sum(rows), len(active), pass_s * 1e3)
+
+
+def _extend(s: Request, tokens: list[int], ended: bool, settings: BatchSettings, now_s: float) -> None:
+    s.seq = torch.cat([s.seq, torch.tensor([tokens], device=s.seq.device)], dim=1)
+    s.output += tokens
+    s.token_times_s += [now_s] * len(tokens)
+    s.finished = ended or len(s.output) >= settings.max_new_tokens
