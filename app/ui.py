@@ -33,6 +33,11 @@ ON_LOAD_JS = """() => {
   }
 }"""
 
+# A good load: the refusals still on the screen (of a file refused before it) are no longer true.
+CLEAR_REFUSALS_JS = """(...inputs) => {
+  document.querySelectorAll('.toast-body.error .toast-close').forEach((b) => b.click());
+  return inputs;
+}"""
 NEXT_ROUND_JS = (
     "(r) => Math.min(r + 1, Number(document.querySelector('#replay-round input[type=range]').max))"
 )
@@ -420,7 +425,9 @@ def replay_tab(demo: gr.Blocks) -> None:
     """A saved trace, round by round: no model needed. It opens on an example."""
     gr.Markdown("Open a saved trace: no model needed. Step through it round by round.")
     with gr.Row():
-        upload = gr.File(label="Trace JSON", file_types=[".json"], type="filepath", elem_id="upload")
+        # Any file reaches the app's own check: the browser's type filter would drop a refused file,
+        # and Load would then load the example behind it in its place.
+        upload = gr.File(label="Trace JSON", type="filepath", elem_id="upload")
         example = gr.Dropdown(
             list(common.example_traces()),
             value=explore.EXAMPLE_RUN,
@@ -439,8 +446,9 @@ def replay_tab(demo: gr.Blocks) -> None:
     figs = _figures(explore.CHARTS)
     state = gr.State()
     outputs = [state, step, timeline, sentence, tree, cards, *figs]
+    upload.upload(replay.check_upload, upload, None, **PRIVATE)  # refused as it arrives; nothing changes
     checked = load_btn.click(replay.check_replay, [upload, example], None, **PRIVATE)
-    checked.success(replay.load_replay, [upload, example], outputs, api_name="replay")
+    checked.success(replay.load_replay, [upload, example], outputs, js=CLEAR_REFUSALS_JS, api_name="replay")
     demo.load(replay.load_replay, [upload, example], outputs, **PRIVATE)
     step.change(replay.replay_step, [state, step], [timeline, sentence, tree], api_name="replay_step")
     # In the browser: a click counts from the round the page shows now, however fast they come

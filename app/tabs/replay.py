@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from app.common import (
     example_traces,
@@ -20,13 +21,27 @@ MAX_TRACE_BYTES = 20_000_000  # a 2,048-token run with every list filled is well
 
 
 def read_replay(upload: str | None, example: str | None) -> Trace:
-    """The uploaded trace, or the named example, checked: one line for anything that is not one."""
-    path = upload or example_traces().get(example or "")
+    """The uploaded trace, or the named example, checked: one line for anything that is not one.
+    An upload, while it is there, is what Load loads: a refused one is refused again, naming the
+    file, never swapped for the example behind it."""
+    if upload:
+        try:
+            return read_trace(upload)
+        except SpecLensError as exc:
+            raise SpecLensError(
+                f"{Path(upload).name}: {exc}. The trace on screen stays; remove the file (×) to load an example"
+            ) from None
+    path = example_traces().get(example or "")
     if not path:
         raise SpecLensError("upload a trace JSON or pick an example")
+    return read_trace(path)
+
+
+def read_trace(path: str) -> Trace:
+    """A trace file, checked: one line for anything that is not a trace with rounds to replay."""
     try:
         if os.path.getsize(path) > MAX_TRACE_BYTES:
-            raise SpecLensError(f"that file is over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
+            raise SpecLensError(f"over {MAX_TRACE_BYTES // 10**6} MB: not a SpecLens trace")
         trace = Trace.load(path)
     except OSError as exc:
         raise SpecLensError(f"cannot read that file: {exc}") from None
@@ -40,6 +55,13 @@ def check_replay(upload: str | None, example: str | None) -> None:
     """Refuse a file that is not a trace before any view changes (see `check_explore`)."""
     with user_errors():
         read_replay(upload, example)
+
+
+def check_upload(upload: str | None) -> None:
+    """Refuse a file as it arrives, whatever its name ends with, in the words Load would use; the
+    screen stays as it was."""
+    if upload:
+        check_replay(upload, None)
 
 
 def load_replay(upload: str | None, example: str | None):
