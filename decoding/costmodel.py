@@ -4,6 +4,14 @@ the one definition of a target step's time they are all measured against.
 Pure Python on purpose: `visualize/` uses it on saved traces, without torch.
 alpha: per-token acceptance probability; gamma: draft length; c: draft
 step time / target step time.
+
+No prediction here can promise more than its inputs allow: a round yields its
+tokens for its drafting plus one target pass over them, and that pass costs at
+least one plain step (checking more tokens never costs less than checking one),
+so every speedup is at most tokens per round ÷ (drafting + checking, in target
+steps, checking ≥ 1). A V(n) measured on a busy machine can break that (V(2)
+timed at half V(1)); every function below reads V through `check_cost` or
+`verify_ratio_at`, which hold it to V(n) ≥ V(m) ≥ V(1) for n ≥ m.
 """
 
 from __future__ import annotations
@@ -38,8 +46,21 @@ def expected_speedup(alpha: float, gamma: int, c: float) -> float:
 def expected_speedup_measured(
     alpha: float, gamma: int, t_target: float, t_draft: float, verify_cost: float
 ) -> float:
-    """E[tokens] * T_target / (gamma * T_draft + V(gamma+1)), with V measured."""
-    return expected_tokens(alpha, gamma) * t_target / (gamma * t_draft + verify_cost)
+    """E[tokens] * T_target / (gamma * T_draft + V(gamma+1)), with V measured (and never taken
+    below T_target: checking gamma+1 tokens costs at least what checking one does)."""
+    return expected_tokens(alpha, gamma) * t_target / (gamma * t_draft + max(verify_cost, t_target))
+
+
+def check_cost(verify_ratio: Callable[[int], float], n: int, at_least: float = 1.0) -> float:
+    """V(n)/V(1) as a prediction may use it: never below `at_least` (1, what checking one token
+    costs, or V(m)/V(1) for a smaller m it is set against)."""
+    return max(at_least, verify_ratio(n))
+
+
+def speedup_ceiling(tokens_per_round: float, draft_steps: float) -> float:
+    """The most a round can gain: its tokens over its drafting plus the cheapest check there is,
+    one target step."""
+    return tokens_per_round / (draft_steps + 1.0)
 
 
 def rank_acceptance(alpha: float, alpha2: float, branch: int) -> list[float]:
@@ -82,7 +103,7 @@ def expected_speedup_tree(
 ) -> float:
     """A round drafts `depth` levels (c target steps each, whatever the size) and checks
     nodes + 1 tokens at verify_ratio(nodes + 1) target steps (`linear_verify(b)`: 1 + b·nodes)."""
-    return expected_tokens_tree(ranks, depth, nodes) / (depth * c + verify_ratio(nodes + 1))
+    return expected_tokens_tree(ranks, depth, nodes) / (depth * c + check_cost(verify_ratio, nodes + 1))
 
 
 def best_tree_size(
@@ -93,10 +114,21 @@ def best_tree_size(
     return 1 + max(range(max_nodes), key=speedups.__getitem__), speedups
 
 
+def monotone_ratios(measured: dict[int, float]) -> dict[int, float]:
+    """The measured V(n)/V(1) held to what a step can do: never below 1, and never below a smaller
+    n's (a busy machine can time V(2) at half V(1); more rows never cost less work)."""
+    held, floor = {}, 1.0
+    for n, ratio in sorted(measured.items()):
+        floor = max(floor, ratio)
+        held[n] = floor
+    return held
+
+
 def verify_ratio_at(measured: dict[int, float], n: int) -> float:
-    """V(n)/V(1) from the ratios measured at a few n (the probe's 1, 2, 3, 5, 9, 17): straight
-    lines between them, and the last line's slope beyond the largest."""
-    points = sorted(measured.items())
+    """V(n)/V(1) from the ratios measured at a few n (the probe's 1, 2, 3, 5, 9, 17, 32, 64): straight
+    lines between them, and the last line's slope beyond the largest; held monotone
+    (`monotone_ratios`) first."""
+    points = sorted(monotone_ratios(measured).items())
     if len(points) == 1:
         return points[0][1]
     for (n0, r0), (n1, r1) in zip(points, points[1:]):
@@ -118,15 +150,29 @@ def concurrent_speedup(
     gains expected_tokens(α, k). Where one step is bound by reading the weights, more rows are
     nearly free and speculation pays; once B·(k+1) rows make the step compute-bound, it stops.
     `verify_ratio(n)` is V(n)/V(1)."""
-    plain = verify_ratio(batch)
-    return expected_tokens(alpha, k) * plain / (k * c * plain + verify_ratio(batch * (k + 1)))
+    plain = check_cost(verify_ratio, batch)
+    verify = check_cost(verify_ratio, batch * (k + 1), plain)
+    return expected_tokens(alpha, k) * plain / (k * c * plain + verify)
+
+
+def concurrency_speedups(
+    alpha: float,
+    c: float,
+    verify_ratio: Callable[[int], float],
+    ks: Sequence[int],
+    batches: Sequence[int] = CONCURRENCY,
+) -> dict[int, list[float]]:
+    """`concurrent_speedup` for each k at each of `batches`: the one table the concurrency chart
+    draws and its sentence reads."""
+    return {k: [concurrent_speedup(alpha, k, c, verify_ratio, b) for b in batches] for k in ks}
 
 
 def break_even_concurrency(
     alpha: float, k: int, c: float, verify_ratio: Callable[[int], float], batches: Sequence[int] = CONCURRENCY
 ) -> int | None:
     """The smallest of `batches` at which speculation no longer pays (speedup below 1), or None."""
-    return next((b for b in batches if concurrent_speedup(alpha, k, c, verify_ratio, b) < 1.0), None)
+    speedups = concurrency_speedups(alpha, c, verify_ratio, [k], batches)[k]
+    return next((b for b, s in zip(batches, speedups, strict=True) if s < 1.0), None)
 
 
 def estimate_alpha(*traces: Trace) -> float:
@@ -176,7 +222,8 @@ def predicted_speedup(trace: Trace, t_target_ms: float) -> float:
     t_draft = draft_ms_per_token(trace)
     verify = verify_cost_ms([trace])
     tokens = sum(expected_tokens(alpha, r.drafted) for r in trace.rounds)
-    cost = sum(r.drafted * t_draft + verify[r.checked] for r in trace.rounds)
+    # A check no cheaper than a plain step, whatever a busy machine timed.
+    cost = sum(r.drafted * t_draft + max(verify[r.checked], t_target_ms) for r in trace.rounds)
     return tokens * t_target_ms / cost if cost else 0.0
 
 
@@ -213,8 +260,9 @@ def expected_tokens_profile(per_position: Sequence[float], k: int) -> float:
 
 def linear_verify(verify_growth: float) -> Callable[[int], float]:
     """V(n)/V(1) when each token checked beyond the first costs b target steps more (b = 0:
-    checking n tokens costs one step, as on a large GPU)."""
-    return lambda n: 1.0 + verify_growth * (n - 1)
+    checking n tokens costs one step, as on a large GPU; never below 0)."""
+    growth = max(0.0, verify_growth)
+    return lambda n: 1.0 + growth * (n - 1)
 
 
 def best_k_profile(
@@ -226,7 +274,7 @@ def best_k_profile(
     (`verify_ratio`: measured by the probe, or `linear_verify`).
     """
     speedups = [
-        expected_tokens_profile(per_position, k) / (draft_cost * k + verify_ratio(k + 1))
+        expected_tokens_profile(per_position, k) / (draft_cost * k + check_cost(verify_ratio, k + 1))
         for k in range(1, k_max + 1)
     ]
     return 1 + max(range(k_max), key=speedups.__getitem__), speedups
@@ -239,3 +287,4 @@ def best_gamma(
     probability α (position i with α^i), and the speedup for γ = 1..gamma_max."""
     chain = [alpha**i for i in range(1, gamma_max + 1)]
     return best_k_profile(chain, draft_cost, verify_ratio, gamma_max)
+
