@@ -17,7 +17,7 @@ from ..models.paths import public_name
 from ..runtime.rowlinear import use_row_kernel
 from ..settings.policies import K_MAX
 from .cross_tokenizer import CrossTokenizerDraft
-from .head import HeadDraft, load_head, shipped_head
+from .head import HeadDraft, head_folder, load_head, shipped_head
 from .hybrid import HYBRID_HEAD_K, HYBRID_MIN_MATCH, HybridDraft
 from .layers import LayerDraft
 from .model import ModelDraft
@@ -68,13 +68,15 @@ def build_draft(spec: str, target: LoadedModel) -> Draft | None:
 def _head_draft(spec: str, target: LoadedModel) -> Draft:
     if target.compiled:
         raise SpecLensError("a head draft reads the target's layers as it runs: use it without --compile")
-    folder = shipped_head(target.name) if spec == "head" else spec.split(":", 1)[1].strip()
+    name = None if spec == "head" else spec.split(":", 1)[1].strip()
+    folder = shipped_head(target.name) if name is None else head_folder(name)
     head = load_head(folder, target.model, target.device, target.dtype)
     if target.row_kernel:
         # Over the weights' own rows, not panels: the head runs one row at a time, where
         # the row kernel beat both F.linear and panels (docs/trained-head.md), and panels cost memory.
         use_row_kernel(head, panels=False)
-    return HeadDraft(head, target.model, "head" if spec == "head" else f"head:{public_name(str(folder))}")
+    # A hub id as typed, a local folder by its last part: a trace names no folder of this machine.
+    return HeadDraft(head, target.model, "head" if name is None else f"head:{public_name(name)}")
 
 
 def _hybrid_draft(spec: str, target: LoadedModel) -> Draft:

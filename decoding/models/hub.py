@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from pathlib import Path
 
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import snapshot_download, try_to_load_from_cache
@@ -45,6 +46,37 @@ def download(name: str, hub_id: str) -> str:
         return snapshot_download(hub_id, allow_patterns=patterns)
     except Exception as exc:  # an unknown repository, a gated model, a broken connection
         raise HubUnreachableError(f"cannot download '{name}': {first_line(exc)}") from None
+
+
+# What a draft head's repository holds that SpecLens reads: EAGLE's pytorch_model.bin or safetensors
+# (sharded or not), and config.json.
+HEAD_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin"]
+
+
+def head_snapshot(hub_id: str) -> str:
+    """A draft head's folder from its hub id: the local cache's copy where it holds the head (the
+    only way offline), else downloaded."""
+    try:
+        cached = snapshot_download(hub_id, allow_patterns=HEAD_FILES, local_files_only=True)
+    except Exception:  # not cached (or only in part): the hub must have it
+        cached = None
+    if cached and _holds_a_head(cached):
+        return cached
+    if hub_constants.is_offline_mode() or not _hub_reachable():
+        raise HubUnreachableError(
+            f"cannot fetch the head '{hub_id}': the Hugging Face Hub is not reachable from here "
+            "(no network?) and the head is not in the local cache"
+        )
+    try:
+        return snapshot_download(hub_id, allow_patterns=HEAD_FILES)
+    except Exception as exc:  # an unknown repository, a gated one, a broken connection
+        raise HubUnreachableError(f"cannot download the head '{hub_id}': {first_line(exc)}") from None
+
+
+def _holds_a_head(folder: str) -> bool:
+    files = {p.name for p in Path(folder).iterdir()}
+    weights = any(n.endswith((".safetensors", ".bin")) for n in files)
+    return "config.json" in files and weights
 
 
 @functools.cache

@@ -4,13 +4,14 @@ A head is one decoder layer that reads three of the target's own hidden
 states (a low, a middle and a high layer, tapped while the target verifies)
 together with the embedding of the next token, and predicts the token after
 it from a reduced draft vocabulary. `model` is the module, `tap` reads the
-target's features, `files` saves and loads it as vLLM and SGLang do,
+target's features, `files` saves it as vLLM and SGLang load it and loads it from a
+folder or a hub id in every published layout (`layouts`),
 `draft` makes it a draft source and `kernel` runs its step through the
 layer kernel in the default CPU mode.
 """
 
 from .draft import HeadDraft
-from .files import HEADS_DIR, fingerprint, load_head, save_head, shipped_head
+from .files import HEADS_DIR, fingerprint, head_folder, load_head, save_head, shipped_head
 from .kernel import HeadKernel
 from .model import EagleHead, HeadCache, HeadConfig
 from .tap import FeatureTap
@@ -24,6 +25,7 @@ __all__ = [
     "HeadDraft",
     "HeadKernel",
     "fingerprint",
+    "head_folder",
     "load_head",
     "save_head",
     "shipped_head",

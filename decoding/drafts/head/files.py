@@ -1,5 +1,6 @@
-"""A head's files in EAGLE-3's layout (sharded safetensors, `config.json` as vLLM and SGLang read
-it), the checks that refuse a head made for other weights, and the heads SpecLens ships."""
+"""A head's files: SpecLens writes EAGLE-3's layout (sharded safetensors, `config.json` as vLLM and
+SGLang read it) and reads every published layout (layouts.py), from a folder or a hub id; the checks
+that refuse a head made for another target; and the heads SpecLens ships."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ...errors import SpecLensError
+from ...models.hub import head_snapshot
+from ...models.paths import is_local
+from .layouts import flat_config, standard_state
 from .model import EagleHead, HeadConfig
 
 # assets/heads/ at the repository's root, beside decoding/.
 HEADS_DIR = Path(__file__).resolve().parents[3] / "assets" / "heads"
 MAX_HEAD_FILE_BYTES = 10_000_000  # a Space repository takes no larger file without LFS
+LLAMA_ROPE_THETA, LLAMA_RMS_NORM_EPS = 10000.0, 1e-6  # transformers' LlamaConfig defaults
 
 
 PARAM_SHAPES = {
@@ -87,6 +93,10 @@ def head_config_json(c: HeadConfig, speclens: dict | None = None) -> dict:
             "use_aux_hidden_state": True,
         },
     }
+    if c.norm_before_residual:  # vLLM reads it from the head's config; absent means false
+        out["norm_before_residual"] = True
+    if c.rope_scaling:
+        out["rope_scaling"] = {k: list(v) if isinstance(v, tuple) else v for k, v in c.rope_scaling}
     if speclens:
         out["speclens"] = speclens
     return out
@@ -136,7 +146,8 @@ def _read_state(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_head_config(folder: Path, target_config) -> tuple[HeadConfig, dict]:
-    """The head's config from config.json, checked against the target's model config."""
+    """The head's config from config.json in any published layout (layouts.py), checked against
+    the target's model config. Returns it and the config in EAGLE-3's flat keys."""
     path = folder / "config.json"
     if not path.is_file():
         raise SpecLensError(f"head folder '{folder}' has no config.json (is it a head folder?)")
@@ -144,24 +155,12 @@ def read_head_config(folder: Path, target_config) -> tuple[HeadConfig, dict]:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SpecLensError(f"head config.json is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict) or "draft_vocab_size" not in raw:
+    if not isinstance(raw, dict):
+        raise SpecLensError("head config.json is not a JSON object: not an EAGLE-3 head")
+    raw = flat_config(raw)
+    if "draft_vocab_size" not in raw:
         raise SpecLensError("head config.json has no draft_vocab_size: not an EAGLE-3 head")
-    if (
-        not isinstance(raw["draft_vocab_size"], int)
-        or not 0 < raw["draft_vocab_size"] <= target_config.vocab_size
-    ):
-        raise SpecLensError(
-            f"head draft_vocab_size {raw['draft_vocab_size']!r} is not a size within the vocabulary"
-        )
-    if raw.get("hidden_size") != target_config.hidden_size:
-        raise SpecLensError(
-            f"this head is for a target with hidden size {raw.get('hidden_size')}, "
-            f"the target has {target_config.hidden_size}"
-        )
-    if raw.get("vocab_size") != target_config.vocab_size:
-        raise SpecLensError(
-            f"this head is for a vocabulary of {raw.get('vocab_size')} tokens, the target has {target_config.vocab_size}"
-        )
+    _check_fits_target(raw, target_config)
     base = HeadConfig.for_target(target_config, int(raw["draft_vocab_size"]))
     layers = aux_layers(raw) or base.aux_layers
     n_layers = target_config.num_hidden_layers
@@ -173,8 +172,30 @@ def read_head_config(folder: Path, target_config) -> tuple[HeadConfig, dict]:
         raise SpecLensError(f"head reads target layers {layers}, the target has {n_layers}")
     try:
         return _head_config(raw, base, tuple(layers)), raw
-    except (TypeError, ValueError, ZeroDivisionError) as exc:
+    except (TypeError, ValueError, ZeroDivisionError, KeyError) as exc:
         raise SpecLensError(f"head config.json has a malformed value: {exc}") from None
+
+
+def _check_fits_target(raw: dict, target_config) -> None:
+    """Refuse, in one line, a head made for another target's widths or vocabulary."""
+    draft_vocab = raw["draft_vocab_size"]
+    if not isinstance(draft_vocab, int) or not 0 < draft_vocab <= target_config.vocab_size:
+        raise SpecLensError(f"head draft_vocab_size {draft_vocab!r} is not a size within the vocabulary")
+    for key in ("hidden_size", "target_hidden_size"):
+        if key in raw and raw[key] is not None and raw[key] != target_config.hidden_size:
+            raise SpecLensError(
+                f"this head is for a target with hidden size {raw[key]}, the target has {target_config.hidden_size}"
+            )
+    if raw.get("hidden_size") is None:
+        raise SpecLensError("head config.json has no hidden_size: not an EAGLE-3 head")
+    if raw.get("vocab_size") != target_config.vocab_size:
+        raise SpecLensError(
+            f"this head is for a vocabulary of {raw.get('vocab_size')} tokens, the target has {target_config.vocab_size}"
+        )
+    if raw.get("num_hidden_layers", 1) != 1:
+        raise SpecLensError(
+            f"this head has {raw['num_hidden_layers']} decoder layers; SpecLens's head has one"
+        )
 
 
 def aux_layers(raw: dict) -> object:
@@ -203,17 +224,45 @@ def _head_config(raw: dict, base: HeadConfig, layers: tuple[int, ...]) -> HeadCo
         num_attention_heads=heads,
         num_key_value_heads=int(raw.get("num_key_value_heads", base.num_key_value_heads)),
         head_dim=int(raw.get("head_dim") or base.hidden_size // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", base.rms_norm_eps)),
-        rope_theta=float(raw.get("rope_theta", base.rope_theta)),
+        # Absent, these are LlamaConfig's defaults, as EAGLE's, vLLM's and SGLang's loaders read them.
+        rms_norm_eps=float(raw.get("rms_norm_eps") or LLAMA_RMS_NORM_EPS),
+        rope_theta=float(raw.get("rope_theta") or LLAMA_ROPE_THETA),
         vocab_size=base.vocab_size,
         draft_vocab_size=base.draft_vocab_size,
         aux_layers=layers,
-        max_position_embeddings=base.max_position_embeddings,
+        max_position_embeddings=int(raw.get("max_position_embeddings") or base.max_position_embeddings),
+        norm_before_residual=bool(raw.get("norm_before_residual", False)),
+        rope_scaling=_rope_scaling(raw.get("rope_scaling")),
     )
 
 
+def _rope_scaling(scaling: object) -> tuple[tuple[str, object], ...]:
+    """A config's rope_scaling as HeadConfig keeps it; one transformers cannot compute is refused."""
+    if not scaling:
+        return ()
+    if not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling {scaling!r} is not an object")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return ()
+    if kind not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope_scaling of type {kind!r}, which transformers does not know")
+    items = {**scaling, "rope_type": kind}
+    items.pop("type", None)
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in items.items()))
+
+
+def head_folder(name: str) -> Path:
+    """Where the head `head:NAME` names is: a local folder, or a hub id's files (downloaded, or
+    from the local cache when offline)."""
+    path = Path(name).expanduser()
+    if path.exists() or is_local(name) or name.count("/") != 1:
+        return path
+    return Path(head_snapshot(name))
+
+
 def load_head(folder: str | Path, target: nn.Module, device: torch.device, dtype: torch.dtype) -> EagleHead:
-    """A head from its folder, refused with one line if it does not fit `target`."""
+    """A head from its folder, in any published layout, refused with one line if it does not fit `target`."""
     folder = Path(folder)
     if not folder.is_dir():
         raise SpecLensError(f"no head folder at '{folder}'")
@@ -231,7 +280,29 @@ def load_head(folder: str | Path, target: nn.Module, device: torch.device, dtype
         raise SpecLensError(
             f"head weights in '{folder.name}' cannot be read: {str(exc).splitlines()[0]}"
         ) from None
-    state.pop("embed_tokens.weight", None)  # some published heads carry the target's embedding
+    state = standard_state(state, c.draft_vocab_size, c.vocab_size)
+    if "lm_head.weight" not in state:
+        state["lm_head.weight"] = _target_lm_head(raw, c, target)
+    _check_weights(state, c)
+    head = EagleHead(c)
+    head.load_state_dict(
+        {n: t.to(torch.long) if n == "d2t" else t.bool() if n == "t2d" else t for n, t in state.items()}
+    )
+    return head.to(device=device, dtype=dtype).eval()
+
+
+def _target_lm_head(raw: dict, c: HeadConfig, target: nn.Module) -> torch.Tensor:
+    """A head without an `lm_head` of its own drafts over the whole vocabulary with the target's:
+    its embedding where the config ties them, else its output layer (SGLang's rule)."""
+    if c.draft_vocab_size != c.vocab_size:
+        raise SpecLensError("head weights lack 'lm_head.weight': not the EAGLE-3 layout")
+    layer = (
+        target.get_input_embeddings() if raw.get("tie_word_embeddings") else target.get_output_embeddings()
+    )
+    return layer.weight.detach().to("cpu", torch.float32).clone()
+
+
+def _check_weights(state: dict[str, torch.Tensor], c: HeadConfig) -> None:
     for name, shape_of in PARAM_SHAPES.items():
         if name not in state:
             raise SpecLensError(f"head weights lack '{name}': not the EAGLE-3 layout")
@@ -245,11 +316,6 @@ def load_head(folder: str | Path, target: nn.Module, device: torch.device, dtype
     draft_ids = torch.arange(c.draft_vocab_size) + state["d2t"].long()
     if draft_ids.min() < 0 or draft_ids.max() >= c.vocab_size:
         raise SpecLensError("head d2t maps draft tokens outside the target's vocabulary")
-    head = EagleHead(c)
-    head.load_state_dict(
-        {n: t.to(torch.long) if n == "d2t" else t.bool() if n == "t2d" else t for n, t in state.items()}
-    )
-    return head.to(device=device, dtype=dtype).eval()
 
 
 def shipped_head(target_name: str) -> Path:

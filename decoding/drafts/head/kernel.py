@@ -69,6 +69,8 @@ class HeadKernel:
             and all(isinstance(m, RowLinear) for m in linears)
             and head.fc.weight.dtype == torch.float32
             and head.c.head_dim % 2 == 0
+            # The kernel keeps the feature itself as the residual stream.
+            and not head.c.norm_before_residual
         )
 
     def __init__(self, head: EagleHead, half: bool = True) -> None:
@@ -103,7 +105,7 @@ class HeadKernel:
         end = start + n if positions is None else int(positions.max()) + 1
         if end > self.cos.shape[0]:
             table = torch.arange(max(2 * end, 256))
-            self.cos, self.sin = rotation(table, self.c.head_dim, self.c.rope_theta)
+            self.cos, self.sin = rotation(table, self.c)
         if positions is None:
             return self.cos[start : start + n], self.sin[start : start + n]
         return self.cos[positions], self.sin[positions]

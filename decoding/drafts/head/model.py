@@ -13,11 +13,14 @@ draft source `draft.py`; training lives in decoding/tools/train_head.py.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,12 @@ class HeadConfig:
     aux_layers: tuple[int, int, int]  # target layers whose inputs the head reads
     # SpecLens's rope needs no table, but vLLM and SGLang size theirs by it.
     max_position_embeddings: int = 2048
+    # The residual after attention is the normed feature (vLLM's `norm_before_residual`, the
+    # `speculators` format's), not the feature itself (EAGLE-3's own).
+    norm_before_residual: bool = False
+    # A rotary scaling in transformers' keys, as (key, value) pairs ("rope_type": "llama3" for
+    # Llama 3.1's heads); () for the plain rotary embedding at rope_theta.
+    rope_scaling: tuple[tuple[str, object], ...] = ()
 
     @classmethod
     def for_target(cls, config, draft_vocab_size: int) -> HeadConfig:
@@ -75,18 +84,43 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rotation(positions: torch.Tensor, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Llama's rotary cos and sin ([n, dim], float32) at `positions` ([n])."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float) / dim))
+@functools.cache
+def scaled_frequencies(c: HeadConfig) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies and the cos/sin factor of a scaled rotary embedding, as transformers
+    computes them for a model with the head's attention and `rope_scaling`."""
+    config = LlamaConfig(
+        hidden_size=c.hidden_size,
+        num_attention_heads=c.num_attention_heads,
+        head_dim=c.head_dim,
+        rope_theta=c.rope_theta,
+        max_position_embeddings=c.max_position_embeddings,
+        rope_scaling={k: list(v) if isinstance(v, tuple) else v for k, v in c.rope_scaling},
+    )
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, None)
+    return inv_freq.float(), float(factor)
+
+
+def rotation(positions: torch.Tensor, c: HeadConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's rotary cos and sin ([n, head_dim], float32) at `positions` ([n])."""
+    dim, factor = c.head_dim, 1.0
+    if c.rope_scaling:
+        inv_freq, factor = scaled_frequencies(c)
+        inv_freq = inv_freq.to(positions.device)
+    else:
+        inv_freq = 1.0 / (
+            c.rope_theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float) / dim)
+        )
     freqs = positions.float()[:, None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    if factor == 1.0:
+        return emb.cos(), emb.sin()
+    return emb.cos() * factor, emb.sin() * factor
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Llama's rotary embedding of x ([..., n, head_dim]) at `positions` ([n])."""
+def rope(x: torch.Tensor, positions: torch.Tensor, c: HeadConfig) -> torch.Tensor:
+    """The head's rotary embedding of x ([..., n, head_dim]) at `positions` ([n])."""
     dim = x.shape[-1]
-    cos, sin = (t.to(x.dtype) for t in rotation(positions, dim, theta))
+    cos, sin = (t.to(x.dtype) for t in rotation(positions, c))
     half = dim // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -110,7 +144,7 @@ class HeadAttention(nn.Module):
         q = self.q_proj(x).view(n, c.num_attention_heads, c.head_dim).transpose(0, 1)
         k = self.k_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
         v = self.v_proj(x).view(n, c.num_key_value_heads, c.head_dim).transpose(0, 1)
-        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+        return rope(q, positions, c), rope(k, positions, c), v
 
     def expand(self, kv: torch.Tensor) -> torch.Tensor:
         return kv.repeat_interleave(self.c.num_attention_heads // self.c.num_key_value_heads, dim=0)
@@ -140,13 +174,15 @@ class MidLayer(nn.Module):
         self.self_attn = HeadAttention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = HeadMLP(c)
+        self.norm_before_residual = c.norm_before_residual
 
     def attention_input(self, emb: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
         return torch.cat((self.input_layernorm(emb), self.hidden_norm(feature)), dim=-1)
 
     def finish(self, feature: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention's output, then the MLP."""
-        h = feature + self.self_attn.output(attended)
+        residual = self.hidden_norm(feature) if self.norm_before_residual else feature
+        h = residual + self.self_attn.output(attended)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
