@@ -771,8 +771,10 @@ def test_dark_mode_keeps_the_sentence_readable(browser, live_app):
     context.close()
 
 
-def test_a_phone_sees_the_prompt_run_and_every_tab(browser, live_app):
-    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+@pytest.mark.parametrize("width", [390, 360])
+def test_a_phone_sees_the_prompt_run_and_every_tab(browser, live_app, width):
+    """Every tab in sight on one line, none behind Gradio's "⋯" menu, down to a 360 px phone."""
+    context = browser.new_context(viewport={"width": width, "height": 844}, is_mobile=True, has_touch=True)
     page = context.new_page()
     page.goto(live_app, wait_until="load")
     page.wait_for_selector("#run", timeout=60_000)
@@ -780,11 +782,16 @@ def test_a_phone_sees_the_prompt_run_and_every_tab(browser, live_app):
     assert page.locator(".sidebar.open").count() == 0
     box = page.locator("#run").bounding_box()
     assert box is not None and box["y"] + box["height"] <= 900
+    tops = set()
     for name in ("Explore", "Sweep", "Theory", "Replay", "Production"):
-        assert page.get_by_role("tab", name=name).is_visible(), name
+        tab = page.get_by_role("tab", name=name)
+        assert tab.is_visible(), name
+        tops.add(round(tab.bounding_box()["y"]))
+    assert len(tops) == 1  # one line
+    assert not page.locator("button[aria-label='More tabs']").is_visible()
     page.get_by_role("tab", name="Production").click()
     page.locator("#prod-example").wait_for(timeout=30_000)
-    page.screenshot(path=ARTIFACTS / "phone.png")
+    page.screenshot(path=ARTIFACTS / f"phone-{width}.png")
     context.close()
 
 
