@@ -33,7 +33,6 @@ ANSWERS_DIR = Path(__file__).resolve().parents[2] / "data" / "answers"
 MANIFEST = "manifest.json"
 SHARD_ANSWERS = 10_000
 SHARD_MB = 4.0  # closed once past this after a batch; a batch (well under 1 MB) keeps it under 5 MB
-MAX_SHARD_BYTES = 5_000_000
 MAX_TOTAL_BYTES = 40_000_000  # all shards together: no shard is opened that could pass it
 FORMAT = (
     "gzip-compressed JSON lines, one answer a line: hash (the prompt's, sha256 of its UTF-8 text, "
@@ -72,6 +71,7 @@ class AnswerStore:
     folder: Path
     shard_answers: int = SHARD_ANSWERS
     shard_bytes: int = int(SHARD_MB * 1_000_000)
+    total_bytes: int = MAX_TOTAL_BYTES
 
     def manifest(self) -> dict:
         path = self.folder / MANIFEST
@@ -184,26 +184,29 @@ class ShardWriter:
         self.closed_shards: list[str] = []
 
     def room(self) -> bool:
-        """Whether another shard may open without the shards passing MAX_TOTAL_BYTES."""
+        """Whether another shard may open without the shards passing the store's total: a shard
+        ends at most one batch past its size, which a quarter more allows for."""
         used = sum(s["bytes"] for s in self.store.manifest()["shards"])
-        return used + MAX_SHARD_BYTES <= MAX_TOTAL_BYTES
+        return used + 1.25 * self.store.shard_bytes <= self.store.total_bytes
 
-    def add(self, records: list[dict]) -> bool:
-        """Writes the answers of one batch; False when no shard could be opened for them (the
-        shards are full), true otherwise. The stream is flushed after the batch, so a killed
-        run leaves every batch before it readable."""
+    def add(self, records: list[dict]) -> int:
+        """Writes the answers of one batch and says how many: fewer than all once no shard may
+        open for the rest (the shards are full). The stream is flushed after the batch, so a
+        killed run leaves every batch before it readable."""
+        written = 0
         for record in records:
             if self.name is None and not self._open():
-                return False
+                break
             self.gz.write((json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8"))
             self.records.append(record)
+            written += 1
             if len(self.records) >= self.store.shard_answers:
                 self.close()
         if self.name is not None:
             self.gz.flush(zlib.Z_SYNC_FLUSH)
             if self.raw.tell() >= self.store.shard_bytes:
                 self.close()
-        return True
+        return written
 
     def _open(self) -> bool:
         if not self.room():

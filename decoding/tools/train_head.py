@@ -45,7 +45,7 @@ from ..drafts.head import EagleHead, FeatureTap, HeadConfig, fingerprint, load_h
 from ..errors import SpecLensError
 from ..models.loading import LoadedModel
 from ..models.text import chat_text, eos_ids
-from .answers import MANIFEST, MAX_TOTAL_BYTES, AnswerStore, prompt_hash
+from .answers import MANIFEST, AnswerStore, prompt_hash
 from .bench import machine
 from .training_data import read_training_rows
 
@@ -145,17 +145,16 @@ def answer_prompts(model: LoadedModel, rows: list[dict], cfg: TrainConfig, store
                     "prompt_tokens": len(prompt_ids),
                     "variant": variant,
                     "answer": answer,
-                }  # fmt: skip
+                }
                 for i, (prompt_ids, answer) in zip(batch, made)
             ]
-            if not writer.add(records):
-                print(
-                    f"{store.folder}: the shards hold {MAX_TOTAL_BYTES // 1_000_000} MB, no more are written"
-                )
-                break
-            done["answers"] += len(records)
-            done["answer_tokens"] += sum(len(r["answer"]) for r in records)
+            written = writer.add(records)
+            done["answers"] += written
+            done["answer_tokens"] += sum(len(r["answer"]) for r in records[:written])
             done["seconds"] = round(time.monotonic() - started, 1)
+            if written < len(records):
+                print(f"{store.folder}: no new shard fits in {store.total_bytes:,} bytes in all: stopping")
+                break
             bar.update(len(records))
             bar.set_postfix(tokens_s=f"{done['answer_tokens'] / done['seconds']:.1f}", shard=writer.name)
     bar.close()
