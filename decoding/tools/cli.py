@@ -19,6 +19,7 @@ from ..settings.sampling import Sampling
 from ..trace import Trace, agreement
 from . import metrics
 from .answers import ANSWERS_DIR, SHARD_ANSWERS, SHARD_MB, AnswerStore
+from .batch_bench import BatchBenchConfig, run_batch_bench
 from .bench import BenchConfig, run_bench
 from .compare import compare, parse_drafts
 from .probe import concurrency_what_if, measure, verify_ratios
@@ -51,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--server",
         help="bench a running vLLM or SGLang instead (http://host:port: its /v1/completions and /metrics)",
+    )
+    b.add_argument(
+        "--batch",
+        type=_sizes,
+        help="batch sizes, e.g. 1,2,4,8,16: plain and speculative decoding of the prompts that many at once "
+        "(continuous batching), side by side at each; writes batch.csv and summary.md",
+    )
+    b.add_argument(
+        "--repeats", type=int, default=1, help="with --batch: runs at each batch size (the spread)"
     )
 
     w = sub.add_parser(
@@ -156,17 +166,8 @@ ANSWERS_HELP = (
 )
 
 
-def _add_train_head_command(sub) -> None:
-    t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for the target on its own answers")
-    t.add_argument("--target", default="smollm2-135m")
-    t.add_argument(
-        "--prompts",
-        type=Path,
-        required=True,
-        help="training prompts (JSONL with 'prompt'); never the dev set",
-    )
-    t.add_argument("--out", type=Path, help="the head folder to write (e.g. assets/heads/smollm2-135m)")
-    t.add_argument("--work", type=Path, help="where checkpoints go (default: the model cache)")
+def _add_answer_flags(t: argparse.ArgumentParser) -> None:
+    """train-head's flags for the answer shards (data/answers/TARGET)."""
     t.add_argument("--answers", type=Path, help=ANSWERS_HELP)
     t.add_argument(
         "--answers-only",
@@ -182,6 +183,20 @@ def _add_train_head_command(sub) -> None:
         default=SHARD_MB,
         help=f"megabytes at which a shard is closed (at most {SHARD_MB:g}: a batch more stays under 5)",
     )
+
+
+def _add_train_head_command(sub) -> None:
+    t = sub.add_parser("train-head", help="train an EAGLE-3 draft head for the target on its own answers")
+    t.add_argument("--target", default="smollm2-135m")
+    t.add_argument(
+        "--prompts",
+        type=Path,
+        required=True,
+        help="training prompts (JSONL with 'prompt'); never the dev set",
+    )
+    t.add_argument("--out", type=Path, help="the head folder to write (e.g. assets/heads/smollm2-135m)")
+    t.add_argument("--work", type=Path, help="where checkpoints go (default: the model cache)")
+    _add_answer_flags(t)
     t.add_argument("--answer-tokens", type=int, default=128, help="tokens per generated answer")
     t.add_argument("--sampled", type=int, default=0, help="sampled answers per prompt besides the greedy one")
     t.add_argument("--batch-size", type=int, default=16, help="answers generated at once")
@@ -336,6 +351,19 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sizes(text: str) -> list[int]:
+    """Batch sizes as the command line gives them: whole numbers, comma-separated."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"batch sizes are whole numbers like 1,2,4,8: got '{text}'"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"a batch holds at least 1 sequence: got '{text}'")
+    return sizes
+
+
 def _bench(args: argparse.Namespace, command: str) -> int:
 
     if args.limit < 1:
@@ -346,7 +374,14 @@ def _bench(args: argparse.Namespace, command: str) -> int:
         print((args.out / "summary.md").read_text())
         return 0
     run = run_config(args, prompt="")
-    run_bench(BenchConfig(args.prompts, run, args.limit, args.out, not args.no_warmup, command))
+    if args.batch:
+        if args.repeats < 1:
+            raise SpecLensError(f"--repeats must be at least 1, got {args.repeats}")
+        run_batch_bench(
+            BatchBenchConfig(args.prompts, args.batch, run, args.limit, args.repeats, args.out, command)
+        )
+    else:
+        run_bench(BenchConfig(args.prompts, run, args.limit, args.out, not args.no_warmup, command))
     print((args.out / "summary.md").read_text())
     return 0
 
