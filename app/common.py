@@ -18,6 +18,7 @@ import threading
 import time
 import typing
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from decoding.drafts import HYBRID_HEAD_K
 from decoding.errors import SpecLensError
 from decoding.models.loading import layer_count
 from decoding.models.paths import check_allowed
+from decoding.models.presets import PRESETS, params_of
+from decoding.settings.environment import on_zerogpu
 from decoding.settings.sampling import Sampling
 from decoding.trace import Round, Trace, token_frame
 from visualize.tree import tree_figure
@@ -51,6 +54,9 @@ DRAFT_SOURCES = {
     "first N layers of the target": "layers",
     "separate draft model": "model",
 }
+HEAD_KINDS = ("head", "ngram+head")  # the draft sources whose head the model box may name
+MODEL_BOX_LABEL = "Draft model (another tokenizer drafts through text)"
+HEAD_BOX_LABEL = "Head: a hub id or folder (empty: the head SpecLens ships for the target)"
 # The sidebar's settings, named as RunConfig and Sampling name them (the draft is three controls:
 # its source, N for a layer draft, the model for a separate one). The page builds its controls
 # under these names and the handlers read them by these names.
@@ -60,15 +66,66 @@ SETTINGS = (
 )
 
 
-try:  # On ZeroGPU Spaces this asks for a GPU per call; elsewhere it does nothing.
+try:  # Hugging Face Spaces install it (requirements-dev.txt pins it here); the app runs without it.
     import spaces
-
-    # The decoding budget plus a minute to load the models: ZeroGPU must not cut a run short.
-    gpu = spaces.GPU(duration=int(TIME_LIMIT_S) + 60)
 except ImportError:
+    spaces = None
 
-    def gpu(fn):
-        return fn
+# What a ZeroGPU call is granted besides decoding: loading its models from the Space's disk, and
+# capturing their CUDA graphs (docs/gpu.md). Allowances, not measurements: a call that runs
+# past its duration is cut off, and a shorter one waits less in ZeroGPU's queue.
+LOAD_S, LOAD_S_PER_BILLION = 10.0, 6.0
+CAPTURE_S = 10.0
+TOKEN_S, TOKEN_S_PER_BILLION = 0.02, 0.01  # a decoded token, eager steps at worst
+PROBE_S = 60.0  # Theory's V(n): the target over 1 to 64 tokens
+UNKNOWN_PARAMS = 8.5e9  # a model SpecLens cannot size before loading: the largest GPU pair's
+
+
+def gpu(fn: Callable) -> Callable:
+    """A model-bound handler. On ZeroGPU each call asks for a GPU for as long as its own request needs
+    (`gpu_seconds` of the handler's arguments, by name), and captures the CUDA graphs it replays
+    inside that call; elsewhere `spaces.GPU` (or its absence) leaves the handler as it is."""
+    signature = inspect.signature(fn)
+
+    def duration(*args, **kwargs) -> int:
+        try:
+            values = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:  # not the handler's arguments: the longest a request may take
+            values = {}
+        return gpu_seconds(values)
+
+    fn.gpu_duration = duration  # what `spaces` calls with the handler's arguments
+    return fn if spaces is None else spaces.GPU(fn, duration=duration)
+
+
+def gpu_seconds(values: Mapping[str, Any]) -> int:
+    """A GPU call's duration for a request's settings: loading its pair, capturing its graphs, and
+    decoding the tokens it asks for (twice when compared with plain decoding) at an allowance per
+    token that grows with the pair; a sweep, whose runs the time budget bounds, gets the budget."""
+    billions = _pair_params(values) / 1e9
+    if "max_new_tokens" in values and "k_from" not in values:
+        runs = 2 if values.get("compare") else 1
+        per_token = TOKEN_S + TOKEN_S_PER_BILLION * billions
+        decode = min(TIME_LIMIT_S, runs * int(values["max_new_tokens"]) * per_token)
+    else:
+        decode = PROBE_S if "k_from" not in values else TIME_LIMIT_S
+    return int(LOAD_S + LOAD_S_PER_BILLION * billions + CAPTURE_S + decode)
+
+
+def _pair_params(values: Mapping[str, Any]) -> float:
+    target = (values.get("target") or "").strip()
+    try:
+        draft = draft_spec(values["draft_source"], values["n_layers"], values["draft_model"] or "")
+    except (KeyError, SpecLensError):  # a probe's target alone, or no draft named yet
+        draft = "none"
+    sizes = [params_of(target), params_of(draft)]
+    return sum(UNKNOWN_PARAMS if size is None else size for size in sizes)
+
+
+def outside_gpu_call(config: RunConfig) -> RunConfig:
+    """Settings for a check made outside a GPU call: on ZeroGPU, no CUDA graphs (CUDA must not start
+    in the main process, and a call's graphs end with it: the run captures its own, inside its call)."""
+    return replace(config, graphs=False) if on_zerogpu() else config
 
 
 _budgets: dict[str, RunBudget] = {}  # the running model-bound request of each browser session
@@ -116,26 +173,32 @@ def user_errors() -> Iterator[None]:
 
 
 def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
+    """The draft spec the sidebar's source, N and draft model box make (`build_draft`'s words)."""
     kind = DRAFT_SOURCES.get(source)
     if kind is None:
         raise SpecLensError(f"unknown draft source '{source}'")
     if kind == "layers":
         return f"layers:{int(n_layers)}"
+    name = (draft_model or "").strip()
     if kind == "model":
-        name = (draft_model or "").strip()
         if not name:
             raise SpecLensError("choose a draft model: a preset, a folder or a hub id of a smaller model")
         check_allowed(name)
         return name
+    if kind in HEAD_KINDS and name:  # a head by hub id or folder; none named: the one SpecLens ships
+        check_allowed(name)
+        return f"{kind}:{name}"
     return kind
 
 
 def spec_controls(spec: str) -> tuple[str, int | None, str | None]:
     """The draft source, N and draft model that `draft_spec` turns into `spec` (None: not named)."""
-    kind, _, n = spec.partition(":")
+    kind, _, rest = spec.partition(":")
     sources = {name: label for label, name in DRAFT_SOURCES.items()}
     if kind == "layers":
-        return sources["layers"], int(n), None
+        return sources["layers"], int(rest), None
+    if kind in HEAD_KINDS and rest:
+        return sources[kind], None, rest
     if spec in sources and spec not in ("layers", "model"):
         return sources[spec], None, None
     return sources["model"], None, spec
@@ -153,10 +216,15 @@ def layer_range(target: str, n_layers: float):
     return gr.update(maximum=total - 1, value=min(int(n_layers), total - 1))
 
 
-def draft_controls(source: str):
-    """Show N only for the layer draft and the model box only for a separate draft model."""
+def draft_controls(source: str, draft_model: str | None):
+    """Show N only for the layer draft, and the model box for a separate draft model or, as the
+    head's hub id or folder, for the head drafts; a model's name left in it does not name a head."""
     kind = DRAFT_SOURCES.get(source)
-    return gr.update(visible=kind == "layers"), gr.update(visible=kind == "model")
+    box = gr.update(visible=kind == "model", label=MODEL_BOX_LABEL)
+    if kind in HEAD_KINDS:
+        stale = (draft_model or "").strip() in PRESETS
+        box = gr.update(visible=True, label=HEAD_BOX_LABEL, **({"value": None} if stale else {}))
+    return gr.update(visible=kind == "layers"), box
 
 
 def make_config(settings: Mapping[str, Any]) -> RunConfig:

@@ -11,6 +11,7 @@ from decoding.core.tree import MAX_BRANCH, MAX_TREE_NODES
 from decoding.errors import SpecLensError
 from decoding.models import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
 from decoding.models.hub import hub_available
+from decoding.models.memory import gpu_pairs, gpu_status
 from decoding.settings.policies import K_MAX, K_MIN, POLICIES
 from decoding.tools.sweep import MAX_REPEATS, SWEEP_COLUMNS
 from visualize.glossary import glossary_html, glossary_script, terms_html
@@ -80,9 +81,26 @@ def pair_controls(target: str, spec: str) -> tuple:
     return target, source, gr.update() if n_layers is None else n_layers, draft_model
 
 
-def pairs() -> dict[str, tuple[str, str]]:
-    """The model pairs this server can run, as (target, draft spec): the hub's only where it can be reached."""
-    return OFFLINE_PAIRS | (HUB_PAIR_SETTINGS if hub_available() else {})
+def gpu_pair_label(target: str, draft: str) -> str:
+    name = PRESETS[target].hub_id.split("/")[1]
+    if draft.startswith("head:"):
+        return f"{name} ← EAGLE-3 head {draft.removeprefix('head:')} (GPU)"
+    return f"{name} ← {PRESETS[draft].hub_id.split('/')[1]} (GPU)"
+
+
+def offered_pairs(hub: bool, cuda: bool, free: int) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """The model pairs a server offers, as (target, draft spec) by label, and a line for each GPU pair
+    that does not fit: the offline ones; the hub's where it can be reached; with CUDA and the hub,
+    the GPU pairs whose weights fit the GPU's free memory (in place of the same hub pair)."""
+    gpu, unfit = gpu_pairs(cuda and hub, free)
+    hub_pairs = {label: pair for label, pair in HUB_PAIR_SETTINGS.items() if pair not in gpu} if hub else {}
+    on_gpu = {gpu_pair_label(*pair): pair for pair in gpu}
+    return OFFLINE_PAIRS | hub_pairs | on_gpu, [f"{gpu_pair_label(*p)}: {line}" for p, line in unfit.items()]
+
+
+def pairs() -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """`offered_pairs` on this server: whether it reaches the hub, has CUDA, and how much is free there."""
+    return offered_pairs(hub_available(), *gpu_status())
 
 
 def presets() -> list[str]:
@@ -129,8 +147,10 @@ def build_demo() -> gr.Blocks:
 def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
     """The models and decoding settings, keyed by the names in `common.SETTINGS`."""
     with gr.Sidebar(label="Models and decoding"):
-        offered = pairs()
+        offered, unfit = pairs()
         pair = gr.Dropdown([*offered, OWN_PAIR], value=list(offered)[0], label="Model pair", elem_id="pair")
+        if unfit:  # GPU pairs this card has no room for, each in one line
+            gr.Markdown("Not offered here: " + "; ".join(unfit) + ".", elem_id="pairs-unfit")
         s = _setting_controls()
     draft = [s["target"], s["draft_source"], s["n_layers"], s["draft_model"]]
     pair.change(
@@ -149,7 +169,10 @@ def sidebar(demo: gr.Blocks) -> dict[str, gr.components.Component]:
         api_name="layer_range",
     )
     s["draft_source"].change(
-        common.draft_controls, s["draft_source"], [s["n_layers"], s["draft_model"]], api_visibility="private"
+        common.draft_controls,
+        [s["draft_source"], s["draft_model"]],
+        [s["n_layers"], s["draft_model"]],
+        api_visibility="private",
     )
     s["policy"].change(
         lambda p: gr.update(visible=p in ("confidence", "entropy")),
@@ -188,7 +211,7 @@ def _setting_controls() -> dict[str, gr.components.Component]:
             names,
             value=None,
             allow_custom_value=True,
-            label="Draft model (another tokenizer drafts through text)",
+            label=common.MODEL_BOX_LABEL,
             visible=False,
         ),
         "k": gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round (a tree's depth)"),

@@ -16,6 +16,7 @@ from app.common import (
     example_traces,
     gpu,
     make_config,
+    outside_gpu_call,
     round_slider,
     save_downloads,
     session_budget,
@@ -51,13 +52,13 @@ def trace_views(trace: Trace) -> list:
     ]
 
 
-@gpu
 @by_name(EXPLORE_INPUTS)
 def check_explore(settings: dict) -> None:
     """Refuse bad settings before a run starts. This step has no outputs, so the page shows the
-    message alone and every view keeps what it showed."""
+    message alone and every view keeps what it showed. It needs no GPU call: the run captures its
+    graphs inside its own."""
     with user_errors():
-        prepare(make_config(settings))
+        prepare(outside_gpu_call(make_config(settings)))
 
 
 @gpu

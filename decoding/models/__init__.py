@@ -2,6 +2,6 @@
 trace may use. `loading.load_model` is the entry point."""
 
 from .loading import LoadedModel, load_model
-from .presets import HUB_PAIRS, OFFLINE_PRESETS, PRESETS
+from .presets import GPU_PAIRS, HUB_PAIRS, OFFLINE_PRESETS, PRESETS
 
-__all__ = ["HUB_PAIRS", "OFFLINE_PRESETS", "PRESETS", "LoadedModel", "load_model"]
+__all__ = ["GPU_PAIRS", "HUB_PAIRS", "OFFLINE_PRESETS", "PRESETS", "LoadedModel", "load_model"]

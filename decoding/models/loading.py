@@ -24,6 +24,7 @@ from ..errors import ModelNotFoundError, ModelTooLargeError, SpecLensError, firs
 from ..runtime import llama
 from ..runtime.packed import pack_output_layer
 from ..runtime.rowlinear import library, use_row_kernel
+from ..settings.environment import on_zerogpu
 from .gguf import convert_gguf
 from .hub import download, hub_source
 from .memory import check_fits, model_budget_bytes, model_bytes, needed_bytes
@@ -114,6 +115,8 @@ def load_model(
     name = (name or "").strip()
     if not name:
         raise ModelNotFoundError("no model given: name a preset, a folder, a .gguf file or a hub id")
+    if compile and on_zerogpu():
+        raise SpecLensError("torch.compile is not supported on ZeroGPU: run without --compile")
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
     key = (name, str(dev), str(dt), compile)

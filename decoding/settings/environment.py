@@ -20,6 +20,13 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def on_zerogpu() -> bool:
+    """Whether this process serves a ZeroGPU Space: each `@spaces.GPU` call then runs in a process of
+    its own on a slice of a GPU, and the main process must not start CUDA. The variable and its
+    reading are the `spaces` package's own (spaces/config.py)."""
+    return os.environ.get("SPACES_ZERO_GPU", "").lower() in ("1", "t", "true")
+
+
 def available_memory_bytes() -> int:
     """Memory a new model may still take on this machine (what the kernel calls available)."""
     return psutil.virtual_memory().available
