@@ -185,7 +185,9 @@ def draft_spec(source: str, n_layers: float, draft_model: str) -> str:
             raise SpecLensError("choose a draft model: a preset, a folder or a hub id of a smaller model")
         check_allowed(name)
         return name
-    if kind in HEAD_KINDS and name:  # a head by hub id or folder; none named: the one SpecLens ships
+    # A head by hub id or folder; none named, the one SpecLens ships. A preset names a model, never
+    # a head: one left in the box from a model draft is not read as one.
+    if kind in HEAD_KINDS and name and name not in PRESETS:
         check_allowed(name)
         return f"{kind}:{name}"
     return kind

@@ -132,7 +132,7 @@ def test_the_model_box_names_the_head_for_the_head_drafts():
     assert box["visible"] and "value" not in box
     _, box = common.draft_controls(NGRAM, "AngelSlim/Qwen3-1.7B_eagle3")
     assert not box["visible"] and box["label"] == common.MODEL_BOX_LABEL
-    assert common.draft_spec(HEAD, 0, "") == "head"
+    assert common.draft_spec(HEAD, 0, "") == common.draft_spec(HEAD, 0, "smollm2-135m") == "head"
     assert common.draft_spec(HEAD, 0, "AngelSlim/Qwen3-1.7B_eagle3") == "head:AngelSlim/Qwen3-1.7B_eagle3"
     hybrid = next(label for label, kind in common.DRAFT_SOURCES.items() if kind == "ngram+head")
     assert common.spec_controls("ngram+head:org/h") == (hybrid, None, "org/h")
