@@ -6,12 +6,13 @@ import datetime as _dt
 import platform
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
 import transformers
 
+from .core.batch import BatchRun, BatchSettings, batch_generate
 from .core.budget import RunStopped
 from .core.graphs import use_graphs
 from .core.plain import StopCheck, autoregressive_generate
@@ -21,6 +22,7 @@ from .core.tree import MAX_BRANCH, MAX_TREE_NODES, TreeShape
 from .drafts import build_draft
 from .errors import SpecLensError
 from .models.loading import LoadedModel, load_model
+from .models.memory import available_bytes
 from .models.paths import public_name, public_source
 from .models.text import eos_ids, prompt_token_ids, token_texts
 from .settings.policies import K_MAX, K_MIN, POLICIES, Policy, make_policy
@@ -315,4 +317,68 @@ def run_meta(run: PreparedRun, policy: Policy) -> RunMeta:
         branch=c.branch if c.tree_nodes else 0,
         versions=library_versions(),
         started=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    )
+
+
+@dataclass
+class PreparedBatch:
+    """A prompt set ready to decode in batches: the target and draft loaded, every prompt encoded."""
+
+    config: RunConfig
+    target: LoadedModel
+    draft: Draft
+    prompt_ids: list[torch.Tensor]
+    eos: set[int]
+
+
+def prepare_batch(config: RunConfig, prompts: Sequence[str], sizes: Sequence[int]) -> PreparedBatch:
+    """Load and encode for batched runs of `sizes` sequences at once; a size the prompt set or the
+    memory for the batch's caches cannot hold is refused in one line (chains only)."""
+    if config.tree_nodes:
+        raise SpecLensError("batched decoding drafts chains: set tree nodes to 0")
+    if not prompts:
+        raise SpecLensError("a batched run needs prompts")
+    for size in sizes:
+        if not isinstance(size, int) or size < 1:
+            raise SpecLensError(f"a batch holds at least 1 sequence, got {size}")
+        if size > len(prompts):
+            raise SpecLensError(
+                f"a batch of {size} needs at least {size} prompts; the set has {len(prompts)}"
+            )
+    make_policy(config.policy, config.k, config.confidence)
+    target = load_model(config.target, config.device, config.dtype, config.compile)
+    ids = [encode_prompt(target, p, config.chat) for p in prompts]
+    limit = context_limit(target.model)
+    for i in ids:
+        check_lengths(i.shape[1], config.max_new_tokens, limit)
+    _check_batch_memory(target, max(sizes), max(i.shape[1] for i in ids) + config.max_new_tokens)
+    draft = build_draft(config.draft, target)
+    if draft is None:
+        raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
+    return PreparedBatch(config, target, draft, ids, eos_ids(target.model, target.tokenizer))
+
+
+def _check_batch_memory(target: LoadedModel, size: int, tokens: int) -> None:
+    """Each sequence's KV cache, at twice its longest length (a cache grows by doubling), must fit."""
+    cfg = target.model.config.get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * target.model.dtype.itemsize
+    need, free = size * 2 * tokens * per_token, available_bytes(target.device)
+    if need > free:
+        raise SpecLensError(
+            f"a batch of {size} needs about {need / 2**30:.1f} GiB for its caches; "
+            f"{free / 2**30:.1f} GiB is free here. Use a smaller batch or fewer new tokens"
+        )
+
+
+def decode_batch(
+    batch: PreparedBatch, size: int, speculative: bool, should_stop: StopCheck | None = None
+) -> BatchRun:
+    """Every prompt, `size` at a time (continuous batching): plainly, or speculatively with the
+    config's draft and policy. Raises RunStopped when `should_stop` ends it."""
+    c = batch.config
+    settings = BatchSettings(size, c.sampling, c.max_new_tokens, batch.eos)
+    policy = (lambda: make_policy(c.policy, c.k, c.confidence)) if speculative else None
+    return batch_generate(
+        batch.target.model, batch.prompt_ids, settings, batch.draft if speculative else None, policy
     )

@@ -17,8 +17,10 @@ timed at half V(1)); every function below reads V through `check_cost` or
 from __future__ import annotations
 
 import heapq
+import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from .trace import Trace
 
@@ -288,3 +290,88 @@ def best_gamma(
     chain = [alpha**i for i in range(1, gamma_max + 1)]
     return best_k_profile(chain, draft_cost, verify_ratio, gamma_max)
 
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """A batched run's measured costs, the inputs of `batched_speedup`: the sequences a pass held
+    (plain and speculative), what a speculative round gave and checked per sequence, each
+    sequence's drafting and bookkeeping per round (or per plain step), and the prefills."""
+
+    plain_batch: float  # sequences a plain pass held, on average
+    batch: float  # sequences a speculative pass held, on average
+    tokens_per_round: float  # acceptance: the tokens a round added to a sequence
+    rows_per_round: float  # the rows a round's check read for a sequence: 1 + its draft
+    draft_ms: float  # one sequence's drafting in a round
+    round_overhead_ms: float  # one sequence's verdict, rollback and bookkeeping in a round
+    step_overhead_ms: float  # one sequence's pick and bookkeeping in a plain step
+    prefill_ms_per_token: float  # every prefill's time by the tokens written
+
+
+def batched_speedup(costs: BatchCosts, verify_ms: Callable[[float], float]) -> float:
+    """Predicted speedup of speculative over plain decoding of the same prompts in batches.
+
+    Plain decoding makes one token per sequence a pass of B rows, V(B); a speculative round
+    drafts each sequence's tokens (one sequence after another on a CPU) and checks B·r rows,
+    V(B·r), for τ tokens per sequence. `verify_ms(n)` is the measured time of a pass of n rows.
+    Once B·r rows make the pass compute-bound, the rows speculation adds cost as much as the
+    tokens they bring, and it stops paying."""
+    c = costs
+    plain = (verify_ms(c.plain_batch) + c.plain_batch * c.step_overhead_ms) / c.plain_batch
+    round_ms = verify_ms(c.batch * c.rows_per_round) + c.batch * (c.draft_ms + c.round_overhead_ms)
+    speculative = round_ms / (c.batch * c.tokens_per_round)
+    return (c.prefill_ms_per_token + plain) / (c.prefill_ms_per_token + speculative)
+
+
+def pass_cost(passes: Sequence[tuple[int, float]]) -> Callable[[float], float]:
+    """V(n) from measured passes, (rows, ms) each: the median at each row count (never below a
+    smaller count's: more rows cannot cost less), straight lines between them, the last line's
+    slope beyond the largest count and the smallest count's time below it."""
+    by_rows: dict[int, list[float]] = defaultdict(list)
+    for rows, ms in passes:
+        by_rows[rows].append(ms)
+    xs = sorted(by_rows)
+    ys: list[float] = []
+    for n in xs:
+        ys.append(max([statistics.median(by_rows[n]), *ys[-1:]]))
+
+    def v(n: float) -> float:
+        if n <= xs[0] or len(xs) == 1:
+            return ys[0]
+        j = next((j for j in range(1, len(xs)) if n <= xs[j]), len(xs) - 1)
+        return ys[j - 1] + (ys[j] - ys[j - 1]) * (n - xs[j - 1]) / (xs[j] - xs[j - 1])
+
+    return v
+
+
+def k_per_batch_size(speedups: dict[int, dict[int, float]]) -> list[tuple[int, int, int]]:
+    """Draft length by batch size from speedups measured at a few batch sizes (`speedups[B][k]`):
+    inclusive (first, last, k) ranges, each measured B deciding up to the next one, k 0 (no
+    speculation) where no k was faster than plain decoding. Past the largest B measured only
+    "off" is carried on (to 1024): a k that paid there may not pay further on."""
+    sizes = sorted(speedups)
+    ranges: list[tuple[int, int, int]] = []
+    for i, b in enumerate(sizes):
+        best = max(speedups[b], key=speedups[b].get)
+        k = best if speedups[b][best] > 1.0 else 0
+        last = sizes[i + 1] - 1 if i + 1 < len(sizes) else (1024 if k == 0 else b)
+        if ranges and ranges[-1][2] == k and ranges[-1][1] == b - 1:
+            ranges[-1] = (ranges[-1][0], last, k)
+        else:
+            ranges.append((b, last, k))
+    return ranges
+
+
+def vllm_speculative_config(method: str, ranges: list[tuple[int, int, int]]) -> dict:
+    """vLLM's `speculative_config` choosing k by batch size (`num_speculative_tokens_per_batch_size`:
+    inclusive (first, last, k) triples, k 0 turning speculation off)."""
+    return {
+        "method": method,
+        "num_speculative_tokens": max(k for _, _, k in ranges) or 1,
+        "num_speculative_tokens_per_batch_size": [list(r) for r in ranges],
+    }
+
+
+def sglang_adaptive_config(ranges: list[tuple[int, int, int]]) -> dict:
+    """SGLang's `--speculative-adaptive-config` file: per batch size where a range starts, the draft
+    steps it may take (0: none)."""
+    return {str(first): {"candidate_steps": [k]} for first, _, k in ranges}

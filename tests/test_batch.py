@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
-from conftest import tiny_llama
+from conftest import tiny_llama, tiny_model_folder
 from test_heads import random_head
 from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 
@@ -20,6 +23,8 @@ from decoding.runtime.forward import forward, forward_batch, new_cache
 from decoding.runtime.rowlinear import use_row_kernel
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
+from decoding.tools.batch_bench import BATCH_COLUMNS
+from decoding.tools.cli import main
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
 
@@ -150,3 +155,53 @@ def test_sampling_in_a_batch_follows_the_target(source):
             accepted += sum(r.verdict.n_accepted for r in rounds)
     assert accepted > 50
     assert chi2_pvalue(counts.ravel(), joint.ravel()) > ALPHA
+
+
+@pytest.fixture(scope="module")
+def tiny_prompt_set(tmp_path_factory):
+    """A little model on disk and four prompts of its words, in two categories."""
+    root = tmp_path_factory.mktemp("batch")
+    folder = tiny_model_folder(root / "tiny")
+    lines = [
+        {"category": c, "prompt": p}
+        for c, p in [
+            ("a", "a b c a b c a"),
+            ("a", "d e f d e"),
+            ("b", "x y z x y z x y"),
+            ("b", "m n o p m n"),
+        ]
+    ]
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(line) for line in lines))
+    return folder, prompts
+
+
+def test_bench_batch_writes_a_row_per_batch_size(tiny_prompt_set, tmp_path, capsys):
+    folder, prompts = tiny_prompt_set
+    out = tmp_path / "out"
+    args = ["bench", "--prompts", str(prompts), "--target", str(folder), "--draft", "ngram", "--k", "2"]
+    args += ["--batch", "1,2,4", "--max-new-tokens", "12", "--no-chat", "--out", str(out)]
+    assert main(args) == 0
+    table = pd.read_csv(out / "batch.csv")
+    assert list(table["batch"]) == [1, 2, 4]
+    assert set(BATCH_COLUMNS) <= set(table.columns)
+    assert table["identical"].all() and (table["tokens_per_s_plain"] > 0).all()
+    assert table["predicted_speedup"].between(0.05, 20).all()
+    assert table["tokens_per_s_plain_single"].notna().tolist() == [True, False, False]
+    summary = (out / "summary.md").read_text()
+    assert "| 4 |" in summary and "num_speculative_tokens_per_batch_size" in summary
+    assert "batch 4:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("batch", "expect"),
+    [("0", "at least 1 sequence"), ("2,x", "whole numbers"), ("8", "a batch of 8 needs at least 8 prompts")],
+)
+def test_bench_batch_refuses_a_batch_it_cannot_run_in_one_line(
+    tiny_prompt_set, tmp_path, capsys, batch, expect
+):
+    folder, prompts = tiny_prompt_set
+    args = ["bench", "--prompts", str(prompts), "--target", str(folder), "--draft", "ngram"]
+    assert main([*args, "--batch", batch, "--no-chat", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert expect in err and "\n" not in err and "Traceback" not in err

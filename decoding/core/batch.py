@@ -21,7 +21,8 @@ import torch
 from ..runtime.forward import forward_batch
 from ..settings.policies import Policy
 from ..settings.sampling import Sampling
-from .plain import Clock, prefill
+from .budget import RunStopped
+from .plain import Clock, StopCheck, prefill
 from .proposal import Draft
 from .record import RoundResult
 from .speculative import Decoder, chain_inputs, check_chain, draft_chain, keep_agreed
@@ -84,10 +85,14 @@ def batch_generate(
     settings: BatchSettings,
     draft: Draft | None = None,
     policy: Callable[[], Policy] | None = None,
+    should_stop: StopCheck | None = None,
 ) -> BatchRun:
     """Decode every prompt ([1, n] each) with at most `settings.size` at once: plainly where `draft` is
     None, else speculatively, each sequence drafting with its own fork of `draft` and its own `policy()`
-    (chains; a round's k is the policy's, capped so no round passes `max_new_tokens`)."""
+    (chains; a round's k is the policy's, capped so no round passes `max_new_tokens`).
+
+    `should_stop` is asked before every pass; a reason it gives raises RunStopped: a batch cut
+    short measures nothing whole."""
     clock = Clock(prompts[0].device)
     waiting = list(range(len(prompts)))
     active: list[Request] = []
@@ -99,6 +104,8 @@ def batch_generate(
             t = clock()
             active.append(_join(target, prompts, waiting.pop(0), settings, draft, policy, t - start))
             prefill_s += clock() - t
+        if should_stop is not None and (reason := should_stop()):
+            raise RunStopped(reason)
         step = _speculative_step if draft is not None else _plain_step
         passes.append(step(target, active, settings, clock, start))
         for s in active:
