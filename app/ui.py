@@ -368,8 +368,8 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     gr.Markdown(
         "Each drafted token is accepted with probability **α**; a draft step costs **c** target steps; "
         "checking γ+1 tokens costs **1 + b·γ** target steps (b near 0 on a large GPU; once V(n) is "
-        "measured here, this machine's own cost replaces the b slider). A round yields "
-        "(1 − α^(γ+1)) / (1 − α) tokens on average."
+        "measured here, this machine's own cost replaces b's line, and moving b brings it back). A round "
+        "yields (1 − α^(γ+1)) / (1 − α) tokens on average."
     )
     with gr.Row():
         alpha = gr.Slider(0.0, 0.99, value=0.7, step=0.01, label="α: acceptance")
@@ -379,34 +379,41 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     with gr.Row():
         measure_btn = gr.Button("Measure V(n) on this machine (the sidebar's target)", elem_id="measure")
         measured_text = gr.Markdown(elem_id="measured-text")
-    measured = gr.State()
+    source = gr.Radio([theory.MEASURED, theory.SLIDER], value=theory.MEASURED, label="V(n) from",
+                      visible=False, elem_id="verify-source")  # fmt: skip
+    found = gr.State()  # what the probe measured here for the sidebar's target
+    measured = gr.State()  # the V(n) every view uses: `found`, or None for b's line
     theory_text = gr.Markdown()
-    theory_plot = gr.Plot(show_label=False)
+    theory_plot = gr.Plot(show_label=False, elem_id="theory-plot")
     chain = [alpha, c, growth, gamma_max]
     best_gamma = (theory.run_theory, [*chain, measured], [theory_plot, theory_text])
-    gr.on([x.change for x in chain], *best_gamma, api_name="theory")
+    # b is not among the triggers: moving it first chooses b's line (below), then every view follows.
+    gr.on([alpha.change, c.change, gamma_max.change], *best_gamma, api_name="theory")
     gr.Markdown("### Many requests at once")
     concurrency_text = gr.Markdown(elem_id="concurrency-text")
     concurrency_plot = gr.Plot(show_label=False, elem_id="concurrency-plot")
     concurrency = (theory.run_concurrency, [alpha, c, growth, measured], [concurrency_plot, concurrency_text])
-    gr.on([alpha.change, c.change, growth.change], *concurrency, api_name="concurrency")
+    gr.on([alpha.change, c.change], *concurrency, api_name="concurrency")
     # The charts open on what the probe measured here for the sidebar's target, where it did.
     opened = gr.on(
         [demo.load, target.change],
-        theory.cached_verify,
+        theory.open_verify,
         target,
-        [measured, measured_text],
+        [found, measured, source, measured_text],
         api_name="cached_verify",
     )
     checked = measure_btn.click(theory.check_measure, target, None, **PRIVATE, **MODEL)
     measuring = checked.success(
-        theory.measure_verify, target, [measured, measured_text], api_name="measure_verify", **MODEL
-    )
+        theory.measure_verify, target, [found, measured, source, measured_text], api_name="measure_verify",
+        **MODEL,
+    )  # fmt: skip
     trees = _tree_theory(alpha, c, growth, measured)
-    for found in (opened.then, measuring.success):
-        found(*best_gamma, **PRIVATE)
-        found(*concurrency, **PRIVATE)
-        found(*trees, **PRIVATE)
+    picked = source.input(theory.pick_source, [source, found], measured, **PRIVATE)
+    moved = growth.input(theory.slider_moved, found, [measured, source], **PRIVATE)
+    for then in (opened.then, measuring.success, picked.then, moved.then):
+        then(*best_gamma, **PRIVATE)
+        then(*concurrency, **PRIVATE)
+        then(*trees, **PRIVATE)
     _simulation(alpha)
 
 
@@ -424,7 +431,8 @@ def _tree_theory(alpha, c, growth, measured) -> tuple:
     text = gr.Markdown(elem_id="tree-theory-text")
     plot = gr.Plot(show_label=False)
     trees = (theory.run_tree_theory, [alpha, alpha2, branch, depth, c, growth, measured], [plot, text])
-    gr.on([alpha.change, alpha2.change, branch.change, depth.change, c.change, growth.change], *trees,
+    # b is not among the triggers: theory_tab's choice of V(n) reruns this, as the other views.
+    gr.on([alpha.change, alpha2.change, branch.change, depth.change, c.change], *trees,
           api_name="tree_theory")  # fmt: skip
     return trees
 

@@ -24,7 +24,7 @@ from decoding.runtime.tuning import TUNED
 from decoding.settings.sampling import Sampling
 from decoding.tools import metrics
 from decoding.tools.cli import build_parser, main, run_config
-from decoding.tools.probe import cached, verify_ratios
+from decoding.tools.probe import cached, physics_problems, verify_ratios
 from decoding.trace import TRACE_VERSION, Trace, validate
 
 PROMPT = "Summarize: the cat sat on the mat. The cat sat on the mat because the mat was warm."
@@ -244,10 +244,17 @@ def test_probe_prints_step_times_against_the_machines_limits(capsys, smol, tmp_p
     _what_the_app_opens_on(data)
     assert data["weight_bytes"] > 500e6  # SmolLM2-135M in float32, output layer included
     assert data["bandwidth_gbs"] > 0 and data["peak_gflops"] > 0 and data["machine"]
+    # Kept only once it broke no physics, saying how it was measured: passes, tries, the load.
+    assert physics_problems(data) == [] and data["passes"] == 15 and 1 <= data["tries"] <= 3
+    assert set(data["load"]) == {"before", "after", "cores"} and data["load"]["cores"] >= 1
     for n in ("1", "2", "3", "5", "9", "17", "32", "64"):
         row = data[n]
-        assert set(row) == {"step_ms", "verify_ratio", "limit_ms", "step_over_limit"}
+        assert set(row) == {
+            *("step_ms", "verify_ratio", "limit_ms", "step_over_limit"),
+            *("step_min_ms", "step_max_ms", "spread"),  # each n's passes: fastest, slowest, middle half
+        }
         assert row["step_ms"] > 0 and row["limit_ms"] > 0 and row["step_over_limit"] > 0
+        assert row["step_min_ms"] <= row["step_ms"] <= row["step_max_ms"] and row["spread"] >= 0
         assert row["verify_ratio"] == pytest.approx(row["step_ms"] / data["1"]["step_ms"], rel=0.01)
     assert data["kernel"]["build"] in ("native", "portable", "none")  # which build ran, and its choices
     if data["kernel"]["build"] != "none":
@@ -276,12 +283,13 @@ def _what_the_app_opens_on(data: dict) -> None:
     assert (
         kept == ratios
         and f"**smollm2-135m** ({data['dtype']}, {data['device']}) on {data['measured_at'][:10]}:" in text
+        and f"(timed at {data['measured_at'][11:16]} UTC over 15 interleaved passes" in text
     )
     _, text = run_concurrency(0.7, 0.05, 0.0, kept)
     assert "measured on this machine" in text and "not measured on this machine" not in text
     example = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
     _, best_k, text, _ = production_example(0.0, 0.0, example.to_dict())
-    assert "as the probe measured it for smollm2-135m on this machine" in text
+    assert "as the probe measured it for smollm2-135m on this machine (measured " in text
     measured = [costmodel.expected_tokens_profile(
         metrics.summary(metrics.snapshot_of([example]))["per_position"], k
     ) / costmodel.verify_ratio_at(ratios, k + 1) for k in range(1, 5)]  # fmt: skip

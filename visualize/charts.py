@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pandas as pd
+import plotly.colors
 import plotly.graph_objects as go
 
 from decoding import costmodel
@@ -396,17 +397,34 @@ def theory_figure(
 
 
 def concurrency_figure(
-    alpha: float, c: float, verify_ratio: Callable[[int], float], ks: Sequence[int], measured: bool
+    speedups: dict[int, list[float]], batches: Sequence[int], measured_rows: int | None
 ) -> go.Figure:
-    """Predicted speedup against the number of requests decoded together, one line per k."""
+    """Predicted speedup against the number of requests decoded together, one line per k, from
+    costmodel.concurrency_speedups. Where B·(k+1) passes `measured_rows` (the most V(n) was measured
+    for) the line goes on dashed: V(n) there is a straight-line guess."""
     fig = go.Figure()
-    batches = list(costmodel.CONCURRENCY)
-    for k in ks:
-        y = [costmodel.concurrent_speedup(alpha, k, c, verify_ratio, b) for b in batches]
-        fig.add_scatter(x=batches, y=y, mode="lines+markers", name=f"k={k}")
+    palette = plotly.colors.qualitative.Plotly
+    guessed = False
+    for i, (k, ys) in enumerate(speedups.items()):
+        line = {"color": palette[i % len(palette)]}
+        known = sum(1 for b in batches if measured_rows is None or b * (k + 1) <= measured_rows)
+        rows = [b * (k + 1) for b in batches]
+        hover = "B = %{x}: ×%{y:.2f} (%{customdata} rows a check)"
+        fig.add_scatter(x=batches[:known], y=ys[:known], customdata=rows[:known], mode="lines+markers",
+                        name=f"k={k}", line=line, legendgroup=str(k), hovertemplate=hover)  # fmt: skip
+        if known < len(batches):
+            guessed = True
+            start = max(known - 1, 0)  # from the last measured point, so the line is unbroken
+            fig.add_scatter(x=batches[start:], y=ys[start:], customdata=rows[start:], mode="lines+markers",
+                            name=f"k={k}, a guess", showlegend=False, legendgroup=str(k),
+                            line=line | {"dash": "dash"}, marker={"symbol": "circle-open"},
+                            hovertemplate=hover + ", beyond those measured: a guess")  # fmt: skip
+    if guessed:  # the dashes' key, in the legend
+        fig.add_scatter(x=[None], y=[None], mode="lines", line={"dash": "dash", "color": INK},
+                        name=f"dashed: beyond {measured_rows} rows, a guess")  # fmt: skip
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
-    fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches])
-    source = "V(n) measured here" if measured else "V(n) = 1 + b·(n − 1)"
+    fig.update_xaxes(type="log", tickvals=list(batches), ticktext=[str(b) for b in batches])
+    source = f"V(n) measured here, 1–{measured_rows} rows" if measured_rows else "V(n) = 1 + b·(n − 1)"
     return _layout(fig, f"Predicted speedup against concurrent requests ({source})", "requests decoded together B",
                    "predicted speedup (×)")  # fmt: skip
 

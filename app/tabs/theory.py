@@ -4,7 +4,9 @@ the probe measured it, and a simulated run stepped round by round."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import gradio as gr
 
 from app.common import (
     gpu,
@@ -13,7 +15,7 @@ from app.common import (
 from decoding import costmodel
 from decoding.models.loading import load_model
 from decoding.models.paths import check_allowed
-from decoding.tools.probe import cached, measure, verify_ratios
+from decoding.tools.probe import kept, measure, provenance, verify_ratios
 from visualize.charts import (
     concurrency_figure,
     theory_figure,
@@ -28,6 +30,8 @@ NOT_MEASURED = (
     "(b = 0 holds on a large GPU; on a CPU checking more tokens costs more). *Measure V(n)* above "
     "times it here once and keeps it: later visits open on it."
 )
+# Where the tab's V(n) comes from once the probe measured it: moving b chooses b's line.
+MEASURED, SLIDER = "V(n) measured here", "the b slider: 1 + b·(n − 1)"
 
 
 def verify_ratio(verify_growth: float, measured: dict | None) -> Callable[[int], float]:
@@ -57,18 +61,13 @@ def run_theory(alpha: float, c: float, verify_growth: float, gamma_max: float, m
 
 
 def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict | None = None):
-    """What serving several requests at once does to speculation, from this machine's V(n) when measured."""
-
-    ratio = verify_ratio(verify_growth, measured)
-    ks = range(1, 7)
-    stops = {k: costmodel.break_even_concurrency(alpha, k, c, ratio) for k in ks}
-    first = costmodel.CONCURRENCY[0]
-    never = [str(k) for k, b in stops.items() if b == first]
-    paying = [f"k = {k} at B = {b}" for k, b in stops.items() if b is not None and b != first]
-    verdicts = [
-        *([f"At k = {', '.join(never)} it does not pay even alone."] if never else []),
-        *([f"Speculation stops paying at {', '.join(paying)}."] if paying else []),
-    ]
+    """What serving several requests at once does to speculation, from this machine's V(n) when
+    measured: the chart and its sentence read one table (costmodel.concurrency_speedups)."""
+    batches = costmodel.CONCURRENCY
+    table = costmodel.concurrency_speedups(
+        alpha, c, verify_ratio(verify_growth, measured), range(1, 7), batches
+    )
+    rows = max(measured) if measured else None
     source = (
         "the step costs measured on this machine"
         if measured
@@ -76,21 +75,80 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
     )
     text = (
         f"**Predicted** from {source} (not measured runs): B requests decoded together check B rows a step; "
-        "speculating, B·(k+1). "
-        + (" ".join(verdicts) or f"Up to B = {costmodel.CONCURRENCY[-1]} it pays at every k.")
+        f"speculating, B·(k+1). {concurrency_verdicts(table, batches, rows)}"
+        + (_beyond(rows) if rows and any(b * (k + 1) > rows for k in table for b in batches) else "")
         + ("" if measured else f" {NOT_MEASURED}")
     )
-    return concurrency_figure(alpha, c, ratio, ks, bool(measured)), text
+    return concurrency_figure(table, batches, rows), text
+
+
+def concurrency_verdicts(table: dict[int, list[float]], batches: Sequence[int], rows: int | None) -> str:
+    """Where each k's line lies below 1, read off the chart's own table: "stops paying at B" only
+    where it stays below from there on, else every B where it is below and where above again."""
+
+    def at(k: int, bs: list[int]) -> str:
+        guessed = [b for b in bs if rows and b * (k + 1) > rows]
+        return ", ".join(f"{b}{' (a guess)' if b in guessed else ''}" for b in bs)
+
+    never, stops, dips = [], [], []
+    for k, speedups in table.items():
+        below = [b for b, s in zip(batches, speedups, strict=True) if s < 1.0]
+        if not below:
+            continue
+        if below == list(batches):
+            never.append(str(k))
+        elif below == list(batches[batches.index(below[0]) :]):
+            stops.append(f"k = {k} at B = {at(k, below[:1])}")
+        else:
+            above = [b for b in batches if b > below[0] and b not in below]
+            dips.append(f"k = {k} is below 1 at B = {at(k, below)} and above it again at B = {at(k, above)}")
+    verdicts = [
+        *([f"At k = {', '.join(never)} it does not pay even alone."] if never else []),
+        *([f"Speculation stops paying at {', '.join(stops)}."] if stops else []),
+        *([f"{'; '.join(dips)}."] if dips else []),
+    ]
+    return " ".join(verdicts) or f"Up to B = {batches[-1]} it pays at every k."
+
+
+def _beyond(rows: int) -> str:
+    return (
+        f" V(n) was measured for 1–{rows} rows; where B·(k+1) is more, it goes on along its last measured "
+        "slope, a straight-line guess: the chart draws that part dashed."
+    )
 
 
 def cached_verify(target: str):
     """What the probe measured for the sidebar's target on this machine, if it ever did: the
     Theory tab opens on it. Nothing is measured here on opening: a probe takes every core for
     minutes on a 2-core machine, and timed beside a visitor's run it would be wrong."""
-    found = cached(target or "")
+    name = (target or "").strip()
+    found, why_not = kept(name)
     if found is None:
-        return None, f"Nothing measured yet for **{(target or '').strip()}** on this machine. {NOT_MEASURED}"
-    return verify_ratios(found), measured_text(found, f"on {found.get('measured_at', '?')[:10]}")
+        said = "Nothing measured yet" if why_not == "never measured here" else f"For this target, {why_not}"
+        return None, f"{said} for **{name}** on this machine. {NOT_MEASURED}"
+    return verify_ratios(found), measured_text(found)
+
+
+def open_verify(target: str):
+    """`cached_verify` for the page: the V(n) found, the one the views use (the same), the choice
+    between it and the b slider (shown once there is a V(n) to choose), the sentence."""
+    ratios, text = cached_verify(target)
+    return ratios, ratios, _source_choice(ratios), text
+
+
+def _source_choice(ratios: dict | None):
+    return gr.update(value=MEASURED, visible=bool(ratios))
+
+
+def pick_source(choice: str, found: dict | None) -> dict | None:
+    """The V(n) every view uses: the one measured here, or none (the b slider's line)."""
+    return found if choice == MEASURED else None
+
+
+def slider_moved(found: dict | None):
+    """Moving b asks for b's line: every view it feeds follows it, not only one curve; the choice
+    says so, and switches back."""
+    return None, (gr.update(value=SLIDER) if found else gr.update())
 
 
 def check_measure(target: str) -> None:
@@ -101,19 +159,22 @@ def check_measure(target: str) -> None:
 
 @gpu
 def measure_verify(target: str):
-    """Time the target's pass over 1 to 64 tokens here (decoding/tools/probe.py)."""
+    """Time the target's pass over 1 to 64 tokens here (decoding/tools/probe.py); as `open_verify`."""
     with user_errors():
         check_allowed(target)
         found = measure(load_model((target or "").strip()))
-        return verify_ratios(found), measured_text(found, "just now")
+        ratios = verify_ratios(found)
+        return ratios, ratios, _source_choice(ratios), measured_text(found)
 
 
-def measured_text(found: dict, when: str) -> str:
+def measured_text(found: dict) -> str:
     table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in verify_ratios(found).items())
     return (
-        f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}) {when}: {table}; "
-        f"one token takes {found['1']['step_ms']:.1f} ms. The best γ, the curve *speedup (V measured "
-        "here)*, the concurrency chart and the trees use them in place of the b slider."
+        f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}) on "
+        f"{found.get('measured_at', '?')[:10]}: {table}; one token takes {found['1']['step_ms']:.1f} ms "
+        f"({provenance(found, day=False)}). The best γ, the curve *speedup (V measured here)*, the "
+        "concurrency chart and the trees use them in place of the b slider; moving b puts its line back "
+        "in all of them."
     )
 
 

@@ -9,6 +9,16 @@ the same process and threads the decoder uses.
 What the probe found is kept in the cache folder, one file per machine,
 target, device and dtype (`measure`, `cached`): the app's Theory and
 Production tabs open on this machine's own V(n) once it was measured here.
+
+A machine with noisy neighbours can time V(1) at twice V(2), and every
+prediction made from it would inherit that. So the row counts are timed in
+interleaved passes (each pass times every n, each n first in turn), each n
+keeps its spread over the passes, and a result that breaks physics (checking
+more tokens for less than one, beyond the noise; V(1) far over its limit while
+V(2) sits at it; passes scattered too widely to say) is measured again, a few
+times at most, then refused. What is kept says when, over how many passes, how
+noisy, and under what load (`provenance`); an older file without those figures
+is still read, and a kept file that breaks physics is not used (`kept`).
 """
 
 from __future__ import annotations
@@ -38,6 +48,11 @@ from .bench import machine
 ROWS = (1, 2, 3, 5, 9, 17, 32, 64)  # 32 and 64: what several requests decoded together check
 CONTEXT = 100  # tokens already in the cache, as in a short chat turn
 CPU = torch.device("cpu")
+PASSES = 15  # interleaved passes over every n
+TRIES = 3  # a result that breaks physics is measured again, this many times in all at most
+NOISE_FLOOR = 0.1  # V(n) this far below V(1) is no timing jitter on a quiet machine
+FAR_OVER = 1.5  # V(1) this many times further over its limit than V(2): the same weights stream for both
+MAX_SPREAD = 0.5  # the middle half of a row count's passes spanning more than this share of its median
 
 
 def _sync(device: torch.device) -> None:
@@ -99,12 +114,13 @@ def matmul_weights(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def steps_and_bandwidth(
-    model: torch.nn.Module, rows: tuple[int, ...], reps: int = 15
+    model: torch.nn.Module, rows: tuple[int, ...], reps: int = PASSES
 ) -> tuple[dict, list[float]]:
     """Times (ms) of one forward pass over n new tokens after CONTEXT cached ones, for each n, and the
     bandwidth (GB/s) of the faster streaming read just before them, rep by rep: a shared machine's
     memory changes speed within seconds (33 and 57 GB/s in turn on an AMD EPYC), so each rep's steps
-    are set against what memory did then."""
+    are set against what memory did then. Each rep times every n, starting from another each time:
+    a neighbour's burst, or threads still spinning after the read, then falls on every n alike."""
     device = model.get_output_embeddings().weight.device
     cache = new_cache(model)
     forward(model, torch.arange(CONTEXT, device=device).view(1, -1) % 1000 + 10, cache, keep=1)
@@ -115,7 +131,8 @@ def steps_and_bandwidth(
     for rep in range(reps + 1):  # the first pass of each allocates
         fastest = min(_ms(read, device) for read in reads)
         times = {}
-        for n in rows:
+        turn = rep % len(rows)
+        for n in rows[turn:] + rows[:turn]:
             ids = torch.arange(n, device=device).view(1, -1) + 20
             times[n] = _ms(lambda ids=ids: forward(model, ids, cache), device)
             crop(cache, CONTEXT)
@@ -129,8 +146,9 @@ def steps_and_bandwidth(
 def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS, graphs: bool = True) -> dict:
     """Measured step times for each n in `rows`, V(n)/V(1), and the machine's limits for them.
 
-    `step_ms`, `limit_ms` and `bandwidth_gbs` are medians over the reps;
-    `step_over_limit` is the median of each rep's step against that rep's limit.
+    `step_ms`, `limit_ms` and `bandwidth_gbs` are medians over the reps, `step_min_ms` and
+    `step_max_ms` the fastest and slowest rep, `spread` the middle half of the reps' span over the
+    median; `step_over_limit` is the median of each rep's step against that rep's limit.
     On a GPU with `graphs`, the steps are replayed from CUDA graphs over a static cache, as a
     run's are (decoding/runtime/static.py); `graphs` in the result says whether they were.
     """
@@ -158,15 +176,20 @@ def probe(target: LoadedModel, rows: tuple[int, ...] = ROWS, graphs: bool = True
         "weight_bytes": weight_bytes,
         "bandwidth_gbs": round(bandwidth, 2),
         "peak_gflops": round(peak, 1),
+        "passes": len(bandwidths),
     }
     one = statistics.median(steps[rows[0]])
     for n in rows:
         paired = [step / limit(n, b) for step, b in zip(steps[n], bandwidths, strict=True)]
+        low, median, high = statistics.quantiles(steps[n], n=4, method="inclusive")
         result[str(n)] = {
-            "step_ms": round(statistics.median(steps[n]), 2),
-            "verify_ratio": round(statistics.median(steps[n]) / one, 3),
+            "step_ms": round(median, 2),
+            "verify_ratio": round(median / one, 3),
             "limit_ms": round(limit(n, bandwidth), 2),
             "step_over_limit": round(statistics.median(paired), 3),
+            "step_min_ms": round(min(steps[n]), 2),
+            "step_max_ms": round(max(steps[n]), 2),
+            "spread": round((high - low) / median, 3),
         }
     return result
 
@@ -178,12 +201,41 @@ def cache_file(target: str, device: torch.device, dtype: torch.dtype, compiled: 
     return cache_dir() / "probe" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def measure(target: LoadedModel, graphs: bool = True) -> dict:
-    """`probe`, with the machine and the time, kept where `cached` finds it."""
-    found = probe(target, graphs=graphs) | {
-        "machine": machine(),
-        "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+def _load() -> float | None:
+    """The machine's load over the last minute (runnable processes), where the system says it."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def first_plausible(take: Callable[[], dict], tries: int = TRIES) -> dict:
+    """The first of up to `tries` results of `take` that breaks no physics (`physics_problems`),
+    with how many it took; refused with the last one's first problem when none did."""
+    for attempt in range(1, tries + 1):
+        found = take()
+        problems = physics_problems(found)
+        if not problems:
+            return found | {"tries": attempt}
+    raise SpecLensError(
+        f"V(n) was measured {tries} times and broke physics each time ({problems[0]}): the machine is "
+        "too busy to time it now, so nothing was kept; measure again when it is quieter"
+    )
+
+
+def measure(target: LoadedModel, graphs: bool = True, tries: int = TRIES) -> dict:
+    """`probe`, with the machine, the time and its load, kept where `cached` finds it; measured
+    again where it breaks physics, and refused after `tries` (`first_plausible`)."""
+
+    def timed() -> dict:
+        before = _load()
+        return probe(target, graphs=graphs) | {
+            "machine": machine(),
+            "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "load": {"before": before, "after": _load(), "cores": os.cpu_count()},
+        }
+
+    found = first_plausible(timed, tries)
     path = cache_file(target.name, target.device, target.dtype, target.compiled)
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(f".{os.getpid()}.part")  # whole or not at all, with two servers writing
@@ -192,28 +244,95 @@ def measure(target: LoadedModel, graphs: bool = True) -> dict:
     return found
 
 
-def cached(target: str, device: str | None = None, dtype: str | None = None) -> dict | None:
-    """What `measure` found for `target` (the device and dtype it loads with by default, as the app
-    loads it) on this machine, or None when it was never measured here."""
+def physics_problems(found: dict) -> list[str]:
+    """What in a probe's result no quiet machine could time, each in a line; empty when nothing.
+
+    Checking n tokens reads the same weights as checking one and does more arithmetic, so V(n)
+    below V(1) beyond both one's noise is a neighbour's load, not the model; so is V(1) far further
+    over its limit than V(2) over the same limit. Older results, without a spread, get NOISE_FLOOR.
+    """
+    rows = {int(n): row for n, row in found.items() if n.isdigit()}
+    one = rows.get(1)
+    if one is None:
+        return []
+    problems = [
+        f"V({n}) = {row['step_ms']:.1f} ms, below V(1) = {one['step_ms']:.1f} ms: checking {n} tokens "
+        "cannot cost less than checking one"
+        for n, row in sorted(rows.items())
+        if n > 1
+        and row["step_ms"]
+        < one["step_ms"] * (1 - max(NOISE_FLOOR, row.get("spread", 0) + one.get("spread", 0)))
+    ]
+    two = rows.get(2)
+    if two and one["step_over_limit"] > FAR_OVER * two["step_over_limit"]:
+        problems.append(
+            f"V(1) is {one['step_over_limit']:.2f}× its limit while V(2) is {two['step_over_limit']:.2f}× "
+            "its own: both stream the same weights"
+        )
+    problems += [
+        f"V({n})'s passes scattered by {row['spread']:.0%} of their median (the middle half of them)"
+        for n, row in sorted(rows.items())
+        if row.get("spread", 0) > MAX_SPREAD
+    ]
+    return problems
+
+
+def provenance(found: dict, day: bool = True) -> str:
+    """When, over how many passes, how noisy and under what load the probe measured `found` (the
+    day left out where the sentence already gives it): every view that uses it names it so."""
+    stamp = found.get("measured_at", "?")
+    when = f"measured {stamp[:10]} at {stamp[11:16]} UTC" if day else f"timed at {stamp[11:16]} UTC"
+    spreads = [row["spread"] for n, row in found.items() if n.isdigit() and "spread" in row]
+    if not spreads:
+        return f"{when} by an older probe, which kept no spread or load"
+    load = found.get("load") or {}
+    under = (
+        f", load {load['before']:.1f} → {load['after']:.1f} on {load['cores']} cores"
+        if load.get("before") is not None and load.get("after") is not None
+        else ""
+    )
+    return (
+        f"{when} over {found.get('passes', '?')} interleaved passes, each V(n) within "
+        f"±{max(spreads) / 2:.0%} (the middle half of its passes){under}"
+    )
+
+
+def kept(target: str, device: str | None = None, dtype: str | None = None) -> tuple[dict | None, str]:
+    """What `measure` kept for `target` (the device and dtype it loads with by default, as the app
+    loads it) on this machine, and "" ; or None and why not: never measured here, or measured on a
+    machine too busy to trust (a file from before the probe refused such results)."""
     try:
         dev = pick_device(device)
         found = json.loads(cache_file(target, dev, pick_dtype(dev, dtype)).read_text())
     except (SpecLensError, OSError, ValueError):  # no such device here, never measured, a file cut short
-        return None
-    return found if verify_ratios(found) else None
+        return None, "never measured here"
+    if not isinstance(found, dict) or not verify_ratios(found):
+        return None, "never measured here"
+    problems = physics_problems(found)
+    if problems:
+        return None, (
+            f"the V(n) kept from {found.get('measured_at', '?')[:10]} breaks physics ({problems[0]}): it was "
+            "timed on a busy machine, so it is not used"
+        )
+    return found, ""
+
+
+def cached(target: str, device: str | None = None, dtype: str | None = None) -> dict | None:
+    """What `measure` kept for `target` on this machine (`kept`), or None when it never measured
+    it here or what it kept cannot be trusted."""
+    return kept(target, device, dtype)[0]
 
 
 def measured_verify_ratio(
     target: str, device: str | None = None, dtype: str | None = None
 ) -> tuple[Callable[[int], float], str] | None:
     """V(n)/V(1) for any n as the probe measured it for `target` on this machine (straight lines
-    between its points, costmodel.verify_ratio_at), and the day it did; None where it never did."""
+    between its points, costmodel.verify_ratio_at), and when, how noisy and under what load it
+    did (`provenance`); None where it never did, or not in a way to trust."""
     found = cached(target, device, dtype)
     if found is None:
         return None
-    return functools.partial(costmodel.verify_ratio_at, verify_ratios(found)), found.get("measured_at", "?")[
-        :10
-    ]
+    return functools.partial(costmodel.verify_ratio_at, verify_ratios(found)), provenance(found)
 
 
 def verify_ratios(found: dict) -> dict[int, float]:
@@ -241,4 +360,5 @@ def concurrency_what_if(ratios: dict[int, float], alpha: float, c: float, ks: ra
             for k in ks
         },
         "stops_paying_at": {str(k): costmodel.break_even_concurrency(alpha, k, c, ratio) for k in ks},
+        "measured_up_to_rows": max(ratios),  # more rows (B·(k+1)) than this: a straight-line guess
     }
