@@ -353,6 +353,26 @@ def test_a_head_neither_cached_nor_reachable_is_one_line(target, offline_cache):
     )
 
 
+def test_a_repository_that_is_no_head_for_the_target_is_refused_before_its_weights(
+    target, tmp_path, offline_cache
+):
+    """Only config.json comes first: a model's own repository (or a head for another target) is
+    refused by it, and the weights, which may be a large model's, are never fetched."""
+    loaded = LoadedModel("tiny", "tiny", target, None, CPU, torch.float64)
+    files = tmp_path / "model"
+    files.mkdir()
+    target.config.to_json_file(files / "config.json")
+    hub_cache(offline_cache, HUB_ID, files)
+    with pytest.raises(SpecLensError, match="no draft_vocab_size: not an EAGLE-3 head"):
+        build_draft(f"head:{HUB_ID}", loaded)
+    head_only = tmp_path / "head"
+    write_eagle(random_head(target, list(range(16))), head_only, target)
+    (head_only / "pytorch_model.bin").unlink()  # its config cached, its weights not
+    hub_cache(offline_cache, "tiny-org/config-only", head_only)
+    with pytest.raises(HubUnreachableError, match="not in the local cache"):
+        build_draft("head:tiny-org/config-only", loaded)
+
+
 def test_the_command_line_takes_a_head_by_hub_id_offline(tmp_path):
     """`--draft head:ORG/NAME` with HF_HOME's cache and no network: the cached head drafts; an
     uncached one is one line on stderr and exit status 2."""

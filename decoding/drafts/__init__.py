@@ -69,7 +69,7 @@ def _head_draft(spec: str, target: LoadedModel) -> Draft:
     if target.compiled:
         raise SpecLensError("a head draft reads the target's layers as it runs: use it without --compile")
     name = None if spec == "head" else spec.split(":", 1)[1].strip()
-    folder = shipped_head(target.name) if name is None else head_folder(name)
+    folder = shipped_head(target.name) if name is None else head_folder(name, target.model.config)
     head = load_head(folder, target.model, target.device, target.dtype)
     if target.row_kernel:
         # Over the weights' own rows, not panels: the head runs one row at a time, where

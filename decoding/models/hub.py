@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from huggingface_hub import constants as hub_constants
@@ -53,28 +54,41 @@ def download(name: str, hub_id: str) -> str:
 HEAD_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin"]
 
 
-def head_snapshot(hub_id: str) -> str:
+def head_snapshot(hub_id: str, check: Callable[[Path], object] | None = None) -> str:
     """A draft head's folder from its hub id: the local cache's copy where it holds the head (the
-    only way offline), else downloaded."""
-    try:
-        cached = snapshot_download(hub_id, allow_patterns=HEAD_FILES, local_files_only=True)
-    except Exception:  # not cached (or only in part): the hub must have it
-        cached = None
+    only way offline), else downloaded. `check` reads the head's config.json first and refuses a
+    repository that is not a head for this target before any weights come down."""
+    cached = _cached(hub_id, HEAD_FILES)
     if cached and _holds_a_head(cached):
         return cached
-    if hub_constants.is_offline_mode() or not _hub_reachable():
+    offline = hub_constants.is_offline_mode() or not _hub_reachable()
+    config = _cached(hub_id, ["config.json"]) if offline else _download(hub_id, ["config.json"])
+    if config and check is not None:
+        check(Path(config))
+    if offline:
         raise HubUnreachableError(
             f"cannot fetch the head '{hub_id}': the Hugging Face Hub is not reachable from here "
             "(no network?) and the head is not in the local cache"
         )
+    return _download(hub_id, HEAD_FILES)
+
+
+def _cached(hub_id: str, patterns: list[str]) -> str | None:
     try:
-        return snapshot_download(hub_id, allow_patterns=HEAD_FILES)
+        return snapshot_download(hub_id, allow_patterns=patterns, local_files_only=True)
+    except Exception:  # not in the cache
+        return None
+
+
+def _download(hub_id: str, patterns: list[str]) -> str:
+    try:
+        return snapshot_download(hub_id, allow_patterns=patterns)
     except Exception as exc:  # an unknown repository, a gated one, a broken connection
         raise HubUnreachableError(f"cannot download the head '{hub_id}': {first_line(exc)}") from None
 
 
 def _holds_a_head(folder: str) -> bool:
-    files = {p.name for p in Path(folder).iterdir()}
+    files = {p.name for p in Path(folder).iterdir()} if Path(folder).is_dir() else set()
     weights = any(n.endswith((".safetensors", ".bin")) for n in files)
     return "config.json" in files and weights
 

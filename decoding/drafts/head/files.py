@@ -252,13 +252,14 @@ def _rope_scaling(scaling: object) -> tuple[tuple[str, object], ...]:
     return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in items.items()))
 
 
-def head_folder(name: str) -> Path:
+def head_folder(name: str, target_config) -> Path:
     """Where the head `head:NAME` names is: a local folder, or a hub id's files (downloaded, or
-    from the local cache when offline)."""
+    from the local cache when offline); a hub repository whose config.json is not a head for this
+    target is refused before its weights are fetched."""
     path = Path(name).expanduser()
     if path.exists() or is_local(name) or name.count("/") != 1:
         return path
-    return Path(head_snapshot(name))
+    return Path(head_snapshot(name, lambda folder: read_head_config(folder, target_config)))
 
 
 def load_head(folder: str | Path, target: nn.Module, device: torch.device, dtype: torch.dtype) -> EagleHead:
