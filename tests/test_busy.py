@@ -6,9 +6,11 @@ from __future__ import annotations
 import html
 import re
 
+import pandas as pd
 import pytest
 from conftest import ROOT
 
+from app.tabs.sweep import compare_summary, sweep_summary
 from decoding.trace import Baseline, DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict
 from visualize.busy import BUSY, busy_note, busy_signs, sweep_busy_note
 from visualize.cards import stats_html
@@ -131,3 +133,16 @@ def test_a_prefill_longer_than_plain_decodings_first_token_is_explained():
     sentence, _ = why(Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json"))
     assert "its prefill alone took longer than plain decoding's prefill and first step" in sentence
     assert "the same work, so the machine differed" in sentence
+
+
+def test_a_sweeps_summary_says_the_machine_was_busy_before_its_best():
+    """The Sweep tab's summaries, over a table as the sweep makes it: ×2.44 at k = 1 with 1.7 tokens
+    a round, as a sweep under load reported, is said to be a busy machine's."""
+    table = pd.DataFrame(
+        {"k": [1, 2], "tokens_per_round": [1.7, 2.1], "speedup": [2.44, 1.3], "speedup_low": [2.3, 1.25]}
+    ).assign(speedup_high=[2.5, 1.35], repeats=3, draft=["ngram", "head"], best=[True, False])
+    said = sweep_summary(table, [], "k")
+    assert said.startswith(f"**{BUSY}** (k = 1: ×2.44 with 1.70 tokens a round") and "Best k = 1" in said
+    assert compare_summary(table, []).startswith(f"**{BUSY}** (ngram: ×2.44")
+    quiet = table.assign(speedup=[1.2, 1.3], speedup_low=[1.1, 1.25], speedup_high=[1.3, 1.35])
+    assert BUSY not in sweep_summary(quiet, [], "k") and BUSY not in compare_summary(quiet, [])

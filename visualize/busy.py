@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 from decoding import costmodel
 from decoding.trace import Trace
@@ -113,3 +114,13 @@ def sweep_busy_note(
         return ""
     more = f" and {len(found) - 3} more" if len(found) > 3 else ""
     return f"**{BUSY}** ({'; '.join(found[:3])}{more}). Sweep again on a quieter machine."
+
+
+def with_busy_note(
+    summary: str, table: Any, names: Sequence[str], runs: Sequence[tuple[str, Trace]] = ()
+) -> str:
+    """A sweep's summary with `sweep_busy_note` before it where its table (speedup, tokens_per_round,
+    speedup_low and speedup_high columns, one row per name) or its runs show a busy machine."""
+    columns = (list(table[c]) for c in ("speedup", "tokens_per_round", "speedup_low", "speedup_high"))
+    note = sweep_busy_note(names, *columns, runs)
+    return f"{note} {summary}" if note else summary

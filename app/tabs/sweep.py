@@ -30,6 +30,7 @@ from decoding.tools.prompts import read_prompts
 from decoding.tools.sweep import BestSetting, best_of, parse_sizes, progress_reporter, sweep, tree_sweep
 from decoding.tools.workload import best_ks, run_labels, workload_sweep
 from decoding.trace import Trace, agreement
+from visualize.busy import with_busy_note
 from visualize.charts import (
     acceptance_vs_k,
     compare_figure,
@@ -172,7 +173,8 @@ def compare_summary(table, traces: list[Trace]) -> str:
         )
     else:
         head = f"**Fastest: {best.value}**, {_best_figures(best)}"
-    return f"{head}; {sweep_agreement(traces)}."
+    names, runs = list(table["draft"]), [(t.meta.draft, t) for t in traces]
+    return with_busy_note(f"{head}; {sweep_agreement(traces)}.", table, names, runs)
 
 
 def _best_figures(best: BestSetting) -> str:
@@ -224,7 +226,9 @@ def workload_summary(table, prompts: int, ks: int, repeats: int, greedy: bool) -
     else:
         same = "outputs differ from plain decoding ✗"
     once = " (one repeat: no spread to tell a best k from noise)" if repeats == 1 else ""
-    return f"{prompts} prompts × {ks} k × {repeats} repeats{once}. " + "; ".join(parts) + f"; {same}."
+    said = f"{prompts} prompts × {ks} k × {repeats} repeats{once}. " + "; ".join(parts) + f"; {same}."
+    names = [f"{category}, k = {k}" for category, k in zip(table["category"], table["k"], strict=True)]
+    return with_busy_note(said, table, names)
 
 
 def sweep_summary(table, traces: list[Trace], column: str) -> str:
@@ -235,7 +239,8 @@ def sweep_summary(table, traces: list[Trace], column: str) -> str:
         head = f"**No clear best {name}**: the highest, ×{best.speedup:.2f} at {name} = {best.value}, is {best.why_not}"
     else:
         head = f"**Best {name} = {best.value}**: {_best_figures(best)}"
-    return f"{head}; {sweep_agreement(traces)}."
+    names, runs = [f"{name} = {v}" for v in table[column]], [(_setting(t), t) for t in traces]
+    return with_busy_note(f"{head}; {sweep_agreement(traces)}.", table, names, runs)
 
 
 def sweep_agreement(traces: list[Trace]) -> str:
