@@ -27,7 +27,7 @@ from decoding.trace import Trace
 MARGIN = 1.1  # over the ceiling: a few percent of timing jitter is no sign
 CHEAPER = 0.7  # a check of several tokens at this share of a plain step of one, or less
 # The slowest tenth of like steps over their fastest tenth: 1.1-1.3 in the committed example traces,
-# 1.4-2.5 in 96-token runs on 2 cores under a load average of 7-11.
+# 2.5 in tests/data/trace-busy-cpu.json (2 cores of an AMD EPYC under a load average of 7-11).
 SCATTER = 1.8
 LIKE = 8  # steps of one kind needed to judge their scatter
 SPREAD = 1.5  # repeats of one setting (same prompt, same work) this far apart, slowest over fastest
