@@ -218,15 +218,21 @@ def layer_range(target: str, n_layers: float):
     return gr.update(maximum=total - 1, value=min(int(n_layers), total - 1))
 
 
-def draft_controls(source: str, draft_model: str | None):
-    """Show N only for the layer draft, and the model box for a separate draft model or, as the
-    head's hub id or folder, for the head drafts; a model's name left in it does not name a head."""
+def model_box(source: str) -> dict:
+    """The model box for a draft source: a separate draft model's name, or the head's hub id or
+    folder for the head drafts; hidden for the others."""
     kind = DRAFT_SOURCES.get(source)
-    box = gr.update(visible=kind == "model", label=MODEL_BOX_LABEL)
     if kind in HEAD_KINDS:
-        stale = (draft_model or "").strip() in PRESETS
-        box = gr.update(visible=True, label=HEAD_BOX_LABEL, **({"value": None} if stale else {}))
-    return gr.update(visible=kind == "layers"), box
+        return {"visible": True, "label": HEAD_BOX_LABEL}
+    return {"visible": kind == "model", "label": MODEL_BOX_LABEL}
+
+
+def draft_controls(source: str, draft_model: str | None):
+    """Show N only for the layer draft, and the model box as `model_box` says; a model's name left
+    in it does not name a head, so it goes when a head draft is chosen."""
+    stale = DRAFT_SOURCES.get(source) in HEAD_KINDS and (draft_model or "").strip() in PRESETS
+    box = gr.update(**model_box(source), **({"value": None} if stale else {}))
+    return gr.update(visible=DRAFT_SOURCES.get(source) == "layers"), box
 
 
 def make_config(settings: Mapping[str, Any]) -> RunConfig:

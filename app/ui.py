@@ -207,13 +207,7 @@ def _setting_controls() -> dict[str, gr.components.Component]:
         "n_layers": gr.Slider(
             1, 29, value=10, step=1, label="N (first-N-layers draft)", visible=False, elem_id="n-layers"
         ),
-        "draft_model": gr.Dropdown(
-            names,
-            value=None,
-            allow_custom_value=True,
-            label=common.MODEL_BOX_LABEL,
-            visible=False,
-        ),
+        "draft_model": gr.Dropdown(names, value=None, allow_custom_value=True, **common.model_box(source)),
         "k": gr.Slider(K_MIN, K_MAX, value=4, step=1, label="k: tokens drafted per round (a tree's depth)"),
         "tree_nodes": gr.Slider(
             0,

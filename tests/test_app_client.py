@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
@@ -14,7 +15,9 @@ from test_metrics import FakeVLLM, reply, serve
 
 from app import common
 from decoding import api, costmodel
+from decoding.tools.sweep import SWEEP_COLUMNS
 from decoding.trace import Trace, validate
+from visualize import glossary
 
 pytestmark = pytest.mark.slow
 
@@ -183,9 +186,18 @@ def test_stop_ends_a_long_run_which_shows_its_rounds_and_the_next_run_works(clie
 
 
 def test_the_sweep_has_the_same_budget(client, monkeypatch):
+    """Ended by the budget before a setting finished, a sweep says so in its charts and summary (no
+    error in their place, no figure to read as measured)."""
     monkeypatch.setattr(common, "TIME_LIMIT_S", 0.0)
-    with pytest.raises(Exception, match="time limit"):
-        client.predict(**sweep_args(draft_model=""), api_name="/sweep")
+    speedup, tokens, table, csv_path, summary, race = client.predict(**sweep_args(), api_name="/sweep")
+    assert summary.startswith("**Nothing measured**: Stopped at the 0 s time limit") and "fewer" in summary
+    for figure in (speedup, tokens):
+        layout = figure_json(figure)["layout"]
+        assert (
+            "Nothing measured" in layout["title"]["text"] and "time limit" in layout["annotations"][0]["text"]
+        )
+        assert figure_json(figure)["data"] == []
+    assert csv_path is None and not table["data"] and race["visible"] is False
 
 
 def test_n_follows_the_targets_layer_count(client):
@@ -216,6 +228,12 @@ def test_sweep(client):
     speedup, acceptance, table, csv_path, summary, race = client.predict(**sweep_args(), api_name="/sweep")
     assert race["visible"] is False
     assert [row[0] for row in table["data"]] == [1, 2, 3]
+    # Headed in the glossary's words; the CSV keeps the columns' names.
+    assert table["headers"] == [glossary.header(c) for c in (*SWEEP_COLUMNS, "best")]
+    assert (
+        table["headers"][:3] == ["k", "acceptance rate", "α (alpha)"] and "lowest speedup" in table["headers"]
+    )
+    assert not any("_" in h for h in table["headers"])
     names = [d.get("name") for d in figure_json(speedup)["data"]]
     assert {"measured", "Leviathan (V = 1 step)", "measured verify cost"} <= set(names)
     # A best k is starred only where it beats the others beyond their spread; the summary says which.
@@ -253,10 +271,16 @@ def test_the_sweep_sweeps_k_over_a_workload_per_category(client, tmp_path):
     speedup, tokens, table, csv_path, summary, _ = client.predict(
         **sweep_args(workload="Spec-Bench dev: translation", **over), api_name="/sweep"
     )
+    # One category: no "all" rows repeating it; the summary counts what the table holds.
     assert [(row[0], row[1], row[2]) for row in table["data"]] == [
-        ("translation", 1, 2), ("translation", 2, 2), ("all", 1, 2), ("all", 2, 2),
-    ]  # fmt: skip
-    assert "2 prompts × 2 k × 1 repeats" in summary and "**translation**:" in summary
+        ("translation", 1, 2),
+        ("translation", 2, 2),
+    ]
+    assert (
+        "2 prompts × 2 k × 1 repeat " in summary
+        and "**translation**:" in summary
+        and "**all**" not in summary
+    )
     assert {d.get("name") for d in figure_json(speedup)["data"]} == {"translation"}
     assert Path(csv_path).read_text().startswith("category,k,prompts")
     mine = tmp_path / "mine.jsonl"
@@ -281,7 +305,13 @@ def test_the_sweep_compares_draft_sources_and_races_them(client):
     assert [row[0] for row in table["data"]] == ["ngram", "head", "ngram+head"]
     assert "all identical to plain decoding ✓" in summary and "No clear best source" in summary  # one repeat
     lanes = re.findall(r'data-lane="([^"]+)"', race["value"])
-    assert lanes == ["plain", "ngram", "head", "ngram+head"] and race["visible"] is True
+    assert lanes == [lane for d in ("ngram", "head", "ngram+head") for lane in (d, f"plain, before {d}")]
+    assert race["visible"] is True
+    # Each source against its own plain run: the race's speedups are the table's.
+    end = html.unescape(re.search(r'class="sl-race-end" hidden>([^<]*)<', race["value"]).group(1))
+    speedups = [row[table["headers"].index("speedup vs plain")] for row in table["data"]]
+    raced = [float(x) for x in re.findall(r"×(\d+\.\d\d)", end)]
+    assert raced == pytest.approx(speedups, abs=0.006), end  # the table's to 3 places, the race's to 2
     assert Path(csv_path).read_text().startswith("draft,acceptance_rate")
     with pytest.raises(Exception, match="tick two draft sources or more"):
         client.predict(**sweep_args(**(over | {"sources": sources[:1]})), api_name="/sweep")

@@ -15,6 +15,7 @@ from conftest import ROOT
 from playwright.sync_api import sync_playwright
 from test_metrics import FakeVLLM, reply, serve
 
+from app import common
 from decoding.models import load_model
 from decoding.tools.probe import cached, measure
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, validate
@@ -139,7 +140,9 @@ def test_sweep_k_over_a_workload(page):
         "document.querySelector('#sweep-summary').innerText.includes('translation')", timeout=LONG
     )
     summary = page.locator("#sweep-summary").inner_text()
-    assert "2 prompts × 2 k × 1 repeats" in summary and "all:" in summary
+    assert "2 prompts × 2 k × 1 repeat " in summary and "all:" not in summary  # "all" would repeat it
+    text = page.evaluate("document.querySelector('#sweep-table').textContent")
+    assert re.findall(r"\b(translation|all)\s+\d", text) == ["translation", "translation"], text
     page.wait_for_selector("#speedup-plot .js-plotly-plot .main-svg", timeout=30_000)
     legend = page.locator("#speedup-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
     assert legend == ["translation"]  # one category: "all" would only repeat it
@@ -161,7 +164,7 @@ def test_sweep_compares_three_draft_sources_and_races_them(page):
     rows = re.findall(r"\s(ngram\+head|ngram|head)\s+\d", text)  # a row: its source, then its figures
     assert rows == ["ngram", "head", "ngram+head"], text
     lanes = page.locator("#sweep-race .sl-lane").evaluate_all("els => els.map(e => e.dataset.lane)")
-    assert lanes == ["plain", "ngram", "head", "ngram+head"]
+    assert lanes == [lane for d in ("ngram", "head", "ngram+head") for lane in (d, f"plain, before {d}")]
     page.click("#sweep-race .sl-race-play")
     page.wait_for_function(
         "document.querySelector('#sweep-race .sl-race').dataset.done === '1'", timeout=30_000
@@ -169,6 +172,25 @@ def test_sweep_compares_three_draft_sources_and_races_them(page):
     counts = page.locator("#sweep-race .sl-lane-count").all_inner_texts()
     assert len(set(counts)) == 1 and int(counts[0]) > 0  # every lane wrote every token in the end
     page.screenshot(path=ARTIFACTS / "sweep-sources.png", full_page=True)
+
+
+def test_a_sweep_its_budget_ends_says_so_in_its_charts_and_summary(page, monkeypatch):
+    """Ended by its time budget before any prompt finished, the default workload sweep shows no
+    "Error" and no stuck "Sweeping…": its charts and summary say what stopped it."""
+    monkeypatch.setattr(common, "TIME_LIMIT_S", 0.0)
+    page.get_by_role("tab", name="Sweep").click()
+    page.get_by_role("radio", name="k over a workload").check()
+    page.click("#sweep")
+    page.wait_for_function(
+        "document.querySelector('#sweep-summary').innerText.includes('Nothing measured')", timeout=LONG
+    )
+    summary = page.locator("#sweep-summary").inner_text()
+    assert "0 s time limit" in summary and "Sweeping" not in summary, summary
+    page.wait_for_selector("#speedup-plot .js-plotly-plot .main-svg", timeout=30_000)
+    assert "Nothing measured" in page.locator("#speedup-plot").inner_text()
+    page.wait_for_function("!document.querySelector('#sweep').disabled", timeout=30_000)
+    assert page.evaluate(ERROR_BADGES) == 0
+    page.screenshot(path=ARTIFACTS / "sweep-stopped.png", full_page=True)
 
 
 def test_a_new_sweep_clears_what_the_last_one_showed(page):
@@ -869,8 +891,10 @@ def test_cards_table_headers_and_terms_open_the_glossary(page):
     page.get_by_role("tab", name="Sweep").click()
     headers = page.locator("#sweep-table th")
     headers.first.wait_for(timeout=30_000)
-    names = headers.all_inner_texts()
-    assert {"alpha", "acceptance_rate"} <= {n.strip() for n in names}
+    names = [n.strip() for n in headers.all_inner_texts()]
+    # In the glossary's words, not the CSV's column names.
+    assert {"α (alpha)", "acceptance rate", "lowest speedup", "identical to plain decoding"} <= set(names)
+    assert not [n for n in names if "_" in n], names
     for i, name in enumerate(names):
         assert tip_of(page, headers.nth(i)) == glossary.tip(name), name
     page.get_by_role("tab", name="Production").click()
@@ -891,7 +915,7 @@ def test_a_phone_opens_the_glossary_with_a_tap(browser, live_app):
     card.tap()
     assert tip.is_visible() and glossary.term("acceptance rate").definition in tip.inner_text()
     page.get_by_role("tab", name="Sweep").click()
-    header = page.locator("#sweep-table th", has_text="alpha").first
+    header = page.locator("#sweep-table th", has_text="α (alpha)").first
     header.scroll_into_view_if_needed()
     page.wait_for_timeout(150)
     header.tap()

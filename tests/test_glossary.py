@@ -71,10 +71,26 @@ def test_the_page_gets_every_name_once_and_safely():
     script = glossary.glossary_script()
     assert script.count("</script>") == 1
     tips = json.loads(script.removeprefix("<script>window.SL_GLOSSARY = ").removesuffix(";</script>"))
-    assert tips["alpha"] == glossary.tip("alpha") and tips["speedup_low"].startswith("speedup_low")
+    assert tips["alpha"] == glossary.tip("alpha") and tips["speedup_low"].startswith("lowest speedup")
 
 
 def test_the_glossary_shows_no_markup_it_cannot_render():
     """The glossary is HTML and its popovers plain text: a Markdown `*emphasis*` would show its stars."""
     shown = glossary.glossary_html() + "".join(glossary.tip(name) for name in glossary.GLOSSARY)
     assert re.findall(r"\*[^*\s][^*]*\*|`[^`]+`", shown) == []
+
+
+def test_a_table_is_headed_in_the_glossarys_words_and_each_header_opens_its_term():
+    """Sweep's tables show no raw column names: each header is its term's heading, which the
+    page's popover looks up as it looks up a column's name."""
+    for columns in (SWEEP_COLUMNS, TREE_COLUMNS, COMPARE_COLUMNS, WORKLOAD_COLUMNS):
+        headers = [glossary.header(c) for c in (*columns, "best")]
+        assert not [h for h in headers if "_" in h], headers
+        assert len(set(headers)) == len(headers)
+        assert [glossary.term(h) for h in headers] == [glossary.term(c) for c in (*columns, "best")]
+    assert glossary.header("identical_to_baseline") == "identical to plain decoding"
+    assert glossary.header("draft_cost") == "c (draft cost)"
+    tips = json.loads(
+        glossary.glossary_script().removeprefix("<script>window.SL_GLOSSARY = ").removesuffix(";</script>")
+    )
+    assert tips["lowest speedup"] == glossary.tip("speedup_low")

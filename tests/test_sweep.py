@@ -8,8 +8,10 @@ import pytest
 from conftest import tiny_model_folder
 
 from decoding.api import RunConfig
+from decoding.core.budget import RunStopped
+from decoding.settings.policies import make_policy
 from decoding.tools.sweep import best_of, best_setting, spread, sweep, tree_sweep, with_best
-from decoding.tools.workload import best_ks, group_figures, workload_sweep
+from decoding.tools.workload import best_ks, group_figures, whole_prompts, workload_sweep, workload_table
 from decoding.trace import RunMeta, Totals, Trace
 
 
@@ -127,3 +129,45 @@ def test_a_workload_speedup_is_the_whole_category_finishing_sooner():
     figures = group_figures([[run(30, 1.0, 3.0)], [run(10, 1.0, 1.0)]])
     assert figures["speedup"] == pytest.approx(2.0) and figures["tokens_per_round"] == 20
     assert figures["acceptance_rate"] == 0.5 and figures["repeats"] == 1
+
+
+def _cell(prompt: str, k: int, repeats: int = 1) -> list[Trace]:
+    """One prompt's repeats at one k, each twice as fast as its plain run."""
+    runs = [_run(2.0, wall_s=1.0, plain_s=2.0) for _ in range(repeats)]
+    for run in runs:
+        run.meta = RunMeta(prompt=prompt, policy=make_policy("fixed", k))
+    return runs
+
+
+def test_one_categorys_workload_has_no_all_rows_repeating_it():
+    """ "all" pools every category; of one category it would repeat its rows, so there is none."""
+    one = workload_table([_cell("p", 1), _cell("q", 1)], {"p": "qa", "q": "qa"})
+    assert list(one["category"]) == ["qa"] and list(one["prompts"]) == [2]
+    two = workload_table([_cell("p", 1), _cell("q", 1), _cell("r", 1)], {"p": "qa", "q": "qa", "r": "rag"})
+    assert list(zip(two["category"], two["prompts"])) == [("qa", 2), ("rag", 1), ("all", 3)]
+
+
+def test_a_stopped_workload_keeps_the_prompts_measured_at_every_k(tiny_config):
+    """A stop half-way through a prompt's k values drops that prompt: each row pools the same
+    prompts at every k. Stopped before any prompt finished, it says why."""
+    measured = [_cell("p", 1), _cell("p", 2), _cell("q", 1)]  # q stopped before its k = 2
+    assert [runs[0].meta.prompt for runs in whole_prompts(measured, 2)] == ["p", "p"]
+    table = workload_table(whole_prompts(measured, 2), {"p": "qa", "q": "rag"})
+    assert list(zip(table["category"], table["k"], table["prompts"])) == [("qa", 1, 1), ("qa", 2, 1)]
+    prompts = [{"category": "copy", "prompt": "a b c a b c"}, {"category": "chat", "prompt": "hello"}]
+    turn = {"done": 0}  # the first prompt's k = 1 finishes, then Stop
+
+    def note(done: int, total: int) -> None:
+        turn["done"] = done
+
+    with pytest.raises(
+        RunStopped, match="stopped by the user before a prompt finished every k in every repeat"
+    ):
+        workload_sweep(
+            tiny_config,
+            prompts,
+            [1, 2],
+            note,
+            lambda: "stopped by the user" if turn["done"] else None,
+            repeats=1,
+        )

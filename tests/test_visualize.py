@@ -555,11 +555,28 @@ def test_the_race_ends_saying_who_finished_first_and_by_how_much():
         "First to finish: plain, 64 tokens in 1.99 s; speculative 1.31 s later (64 tokens in 3.30 s, ×1.66 the time)."
     )
     slower.meta.draft = "layers:20"
-    assert finish(race_many_html([faster, slower])) == (  # each lane by its own measured end
-        f"First to finish: ngram, 64 tokens in {spec_end:#.3g} s; plain {plain_end - spec_end:#.3g} s later "
-        f"(64 tokens in {plain_end:#.3g} s, ×{plain_end / spec_end:.2f} the time); layers:20 2.55 s later "
-        f"(64 tokens in 3.30 s, ×{3.3 / spec_end:.2f} the time)."
+    html = race_many_html([faster, slower])
+    assert finish(html) == (  # each source against its own plain run: the table's speedup, from its times
+        f"Each against its own plain run: ngram ×{plain_end / spec_end:.2f} ({spec_end:#.3g} s against its "
+        f"plain run's {plain_end:#.3g} s); layers:20 ×0.60 (3.30 s against its plain run's 1.99 s)."
     )
+    assert f"×{faster.totals.speedup:.2f}" in finish(html) and f"×{slower.totals.speedup:.2f}" in finish(html)
+
+
+def test_each_source_races_against_its_own_plain_run():
+    """Two sources whose plain runs ran at different speeds (a busy machine): each lane of plain
+    decoding is that source's own, so the race says what the table's bars say."""
+    calm, busy = timed(0.1, 0.05, 32, 0.1, 0.03), timed(0.1, 0.05, 32, 0.2, 0.06)
+    calm.meta.draft, busy.meta.draft = "ngram", "ngram+head"
+    html = race_many_html([calm, busy])
+    data = json.loads(html_lib.unescape(re.search(r'data-race="([^"]*)"', html).group(1)))
+    assert list(data) == ["ngram", "plain, before ngram", "ngram+head", "plain, before ngram+head"]
+    for trace in (calm, busy):
+        plain = data[f"plain, before {trace.meta.draft}"]
+        assert [t for t, _ in plain] == [round(t, 4) for t in trace.baseline.token_times_s]
+        ratio = plain[-1][0] / data[trace.meta.draft][-1][0]
+        assert ratio == pytest.approx(trace.totals.speedup, rel=1e-3)
+        assert f"{trace.meta.draft} ×{trace.totals.speedup:.2f} (" in finish(html)
 
 
 def test_a_plain_run_records_each_tokens_time_and_text(tmp_path):

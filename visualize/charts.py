@@ -503,3 +503,14 @@ def best_k_figure(speedups: list[float], best: int) -> go.Figure:
         "speedup (×)",
         whole_x=True,
     )
+
+
+def note_figure(title: str, text: str) -> go.Figure:
+    """An empty chart that says why it has nothing to draw (a sweep stopped before a setting had
+    finished), where a chart of measurements would stand."""
+    fig = go.Figure()
+    fig.add_annotation(text=wrap(text, TITLE_CHARS + 10), showarrow=False, x=0.5, y=0.5,
+                       xref="paper", yref="paper", font={"size": 13})  # fmt: skip
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, title, "", "")

@@ -82,9 +82,14 @@ GLOSSARY: dict[str, Term] = {
             ("speedup vs plain", "speedup"),
         ),
         Term(
-            "speedup_low, speedup_high",
-            "The lowest and the highest speedup among a setting's repeats: its spread.",
-            ("speedup_low", "speedup_high"),
+            "lowest speedup",
+            "The lowest speedup among a setting's repeats: with the highest, its spread.",
+            ("speedup_low",),
+        ),
+        Term(
+            "highest speedup",
+            "The highest speedup among a setting's repeats: with the lowest, its spread.",
+            ("speedup_high",),
         ),
         Term(
             "repeats",
@@ -161,12 +166,20 @@ GLOSSARY: dict[str, Term] = {
         Term("prompts", "How many prompts the row's figures pool.", ("prompts",)),
     )
 }
-_BY_NAME = {name.lower(): t for t in GLOSSARY.values() for name in t.names}
+# A term goes by its heading too: a table shows its columns by their terms' headings (`header`).
+_BY_NAME = {name.lower(): t for t in GLOSSARY.values() for name in (*t.names, t.term)}
 
 
 def term(name: str) -> Term | None:
-    """The entry a card label or a table column names, or None."""
+    """The entry a card label, a table column or a heading names, or None."""
     return _BY_NAME.get(name.strip().lower())
+
+
+def header(column: str) -> str:
+    """A table column as the page heads it: its term's words (`speedup_low`: "lowest speedup"); a
+    CSV keeps the column's own name."""
+    t = term(column)
+    return t.term if t else column
 
 
 def tip(name: str) -> str:

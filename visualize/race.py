@@ -66,15 +66,38 @@ def race_html(trace: Trace | None) -> str:
 
 
 def race_many_html(traces: list[Trace]) -> str:
-    """A lane per draft source's run and one for plain decoding (the first run's own plain run):
-    each source's measured times, raced at once."""
+    """Each draft source's run beside its own plain run, made just before it (the one its speedup
+    in the table is measured against: another source's plain run ran at another moment of a busy
+    machine), all raced at once; the end line gives each source's finish against its own."""
     timed = [t for t in traces if t.baseline is not None and t.rounds]
     if not timed:
         return ""
-    lanes = {"plain": list(zip(timed[0].baseline.token_times_s, plain_tokens(timed[0]), strict=False))}
+    lanes: dict[str, list[tuple[float, str]]] = {}
     for t in timed:
         lanes[t.meta.draft] = list(zip(t.token_times_s(), spec_tokens(t), strict=False))
-    return _race(lanes, "Each source's measured run (its median repeat) and plain decoding")
+        lanes[own_plain(t.meta.draft)] = list(zip(t.baseline.token_times_s, plain_tokens(t), strict=False))
+    what = (
+        "Each source's measured run (its median repeat; of an even number, the lower middle one) "
+        "and its own plain run, made just before it,"
+    )
+    return _race(lanes, what, pairs_line(timed))
+
+
+def own_plain(draft: str) -> str:
+    """The lane of a source's own plain run."""
+    return f"plain, before {draft}"
+
+
+def pairs_line(traces: list[Trace]) -> str:
+    """Each source's finish against its own plain run: both times and the speedup, the run's own
+    (the table's for an odd number of repeats)."""
+    parts = []
+    for t in traces:
+        spec_s, plain_s = t.token_times_s()[-1], t.baseline.token_times_s[-1]
+        parts.append(
+            f"{t.meta.draft} ×{t.totals.speedup:.2f} ({seconds(spec_s)} against its plain run's {seconds(plain_s)})"
+        )
+    return "Each against its own plain run: " + "; ".join(parts) + "."
 
 
 def finish_line(lanes: dict[str, list[tuple[float, str]]]) -> str:
@@ -96,7 +119,7 @@ def finish_line(lanes: dict[str, list[tuple[float, str]]]) -> str:
     return "; ".join(parts) + "."
 
 
-def _race(lanes: dict[str, list[tuple[float, str]]], what: str) -> str:
+def _race(lanes: dict[str, list[tuple[float, str]]], what: str, end: str | None = None) -> str:
     data = escape(json.dumps({name: [[round(t, 4), x] for t, x in lane] for name, lane in lanes.items()}))
     speeds = "".join(
         f'<button class="sl-race-speed{" sl-on" if s == 1 else ""}" data-slow="{s}">×{s}</button>'
@@ -113,6 +136,6 @@ def _race(lanes: dict[str, list[tuple[float, str]]], what: str) -> str:
         f'<span class="sl-race-speeds">slow motion {speeds}</span>'
         '<span class="sl-race-clock">0.00 s</span></div>'
         f"{rows}"
-        f'<div class="sl-race-end" hidden>{escape(finish_line(lanes))}</div>'
+        f'<div class="sl-race-end" hidden>{escape(finish_line(lanes) if end is None else end)}</div>'
         f'<div class="sl-caption">{escape(what)} replayed at the times each token was ready (not a simulation).</div></div>'
     )

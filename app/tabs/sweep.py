@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+import pandas as pd
 
 from app.common import (
     ASSETS,
@@ -23,24 +24,34 @@ from app.common import (
     user_errors,
 )
 from decoding.api import RunConfig, prepare
-from decoding.core.budget import RunBudget
+from decoding.core.budget import RunBudget, RunStopped
 from decoding.errors import SpecLensError
 from decoding.tools.compare import compare
 from decoding.tools.prompts import read_prompts
-from decoding.tools.sweep import BestSetting, best_of, parse_sizes, progress_reporter, sweep, tree_sweep
-from decoding.tools.workload import best_ks, run_labels, workload_sweep
+from decoding.tools.sweep import (
+    SWEEP_COLUMNS,
+    BestSetting,
+    best_of,
+    parse_sizes,
+    progress_reporter,
+    sweep,
+    tree_sweep,
+)
+from decoding.tools.workload import ALL, best_ks, run_labels, workload_sweep
 from decoding.trace import Trace, agreement
 from visualize.busy import with_busy_note
 from visualize.charts import (
     acceptance_vs_k,
     compare_figure,
     compare_tokens_figure,
+    note_figure,
     speedup_curve,
     tree_size_curve,
     tree_verify_cost,
     workload_curve,
     workload_tokens_per_round,
 )
+from visualize.glossary import header
 from visualize.race import race_many_html
 
 SWEEP_INPUTS = (
@@ -49,7 +60,10 @@ SWEEP_INPUTS = (
 )
 SWEEP_OVER = ("draft length k", "tree size N (depth k)", "k over a workload", "draft sources")
 DEV_PROMPTS = ASSETS / "prompts" / "specbench_dev.jsonl"
-WORKLOAD_PER_CATEGORY = 2  # of the dev file, as the benchmarks take them
+WORKLOAD_PER_CATEGORY = 2  # of the dev file, as the benchmarks take them, for one category
+# Every category: the first prompt of each (6), so that the default sweep (k 1-4, 3 repeats: 72 runs,
+# each after a plain run of its own) fits the time budget on a 2-core CPU.
+EVERY_CATEGORY_PROMPTS = 1
 MAX_WORKLOAD_PROMPTS = 24  # of an uploaded file: a sweep runs each of them at every k, repeats times
 EVERY_CATEGORY = "Spec-Bench dev: every category"
 SUFFIX_IN_EXPLORE = (
@@ -57,6 +71,7 @@ SUFFIX_IN_EXPLORE = (
     "try it in Explore (run a prompt twice), or with `python -m decoding compare --drafts suffix,…`"
 )
 NO_RACE = gr.update(value="", visible=False)
+TABLE_HEADERS = [header(c) for c in (*SWEEP_COLUMNS, "best")]  # before the first sweep
 
 
 @gpu
@@ -97,7 +112,8 @@ def workload_choices() -> list[str]:
 
 
 def workload_prompts(choice: str, upload: str | None) -> list[dict]:
-    """An uploaded JSONL's first prompts, else the dev file's first two of the chosen category (or of each)."""
+    """An uploaded JSONL's prompts, else the dev file's first two of the chosen category, or the
+    first of every category."""
     if upload:
         rows = read_prompts(Path(upload), need_category=False)
         if len(rows) > MAX_WORKLOAD_PROMPTS:
@@ -106,9 +122,10 @@ def workload_prompts(choice: str, upload: str | None) -> list[dict]:
                 "(run `python -m decoding sweep --prompts FILE` for more)"
             )
         return rows
-    rows = read_prompts(DEV_PROMPTS, WORKLOAD_PER_CATEGORY)
-    wanted = (choice or EVERY_CATEGORY).removeprefix("Spec-Bench dev: ")
-    return rows if choice in (None, "", EVERY_CATEGORY) else [r for r in rows if r["category"] == wanted]
+    if choice in (None, "", EVERY_CATEGORY):
+        return read_prompts(DEV_PROMPTS, EVERY_CATEGORY_PROMPTS)
+    wanted = choice.removeprefix("Spec-Bench dev: ")
+    return [r for r in read_prompts(DEV_PROMPTS, WORKLOAD_PER_CATEGORY) if r["category"] == wanted]
 
 
 @gpu
@@ -118,25 +135,45 @@ def run_sweep(settings: dict, progress: gr.Progress = gr.Progress(), request: gr
     sweeping tree sizes, for each N at the sidebar's k; over a workload, per category."""
     with user_errors(), session_budget(request) as budget:
         config, values, mode = sweep_plan(settings)
-        if mode == "workload":
-            return _workload_sweep(settings, config, values, progress, budget)
-        if mode == "sources":
-            return _compare_sources(settings, config, progress, budget)
-        name = "N" if mode == "trees" else "k"
-        report = progress_reporter([f"{name} = {v}" for v in values], _say(progress))
-        if mode == "trees":
-            traces, table = tree_sweep(config, values, report, budget, int(settings["repeats"]))
-            figures = tree_size_curve(table), tree_verify_cost(table)
-        else:
-            traces, table = sweep(config, values, report, budget, int(settings["repeats"]))
-            figures = speedup_curve(table), acceptance_vs_k(table)
-        summary = sweep_summary(table, traces, "nodes" if mode == "trees" else "k")
-        if len(traces) < len(values):
-            finished = ", ".join(
-                str(t.meta.tree_nodes if mode == "trees" else t.meta.policy.k) for t in traces
-            )
-            summary += f" **{budget() or 'Stopped'}**: only {name} = {finished} finished every repeat."
-        return *figures, table.round(3), _csv(table), summary, NO_RACE
+        try:
+            if mode == "workload":
+                return _workload_sweep(settings, config, values, progress, budget)
+            if mode == "sources":
+                return _compare_sources(settings, config, progress, budget)
+            return _sweep_k_or_trees(settings, config, values, mode, progress, budget)
+        except RunStopped as stop:
+            return stopped_views(str(stop))
+
+
+def stopped_views(reason: str) -> tuple:
+    """A sweep ended (the time budget, Stop) before any setting finished: charts and a summary
+    that say so, and why, with nothing in them to be read as measured."""
+    said = reason[:1].upper() + reason[1:]
+    if "time limit" in reason:
+        said += (
+            ". A sweep's runs share that one budget: sweep fewer k values, tree sizes, sources or prompts "
+            "(one category of a workload), with fewer repeats or tokens"
+        )
+    figure = note_figure("Nothing measured", said)
+    return figure, figure, None, None, f"**Nothing measured**: {said}.", NO_RACE
+
+
+def _sweep_k_or_trees(
+    settings: dict, config: RunConfig, values: list[int], mode: str, progress: gr.Progress, budget: RunBudget
+):
+    name = "N" if mode == "trees" else "k"
+    report = progress_reporter([f"{name} = {v}" for v in values], _say(progress))
+    if mode == "trees":
+        traces, table = tree_sweep(config, values, report, budget, int(settings["repeats"]))
+        figures = tree_size_curve(table), tree_verify_cost(table)
+    else:
+        traces, table = sweep(config, values, report, budget, int(settings["repeats"]))
+        figures = speedup_curve(table), acceptance_vs_k(table)
+    summary = sweep_summary(table, traces, "nodes" if mode == "trees" else "k")
+    if len(traces) < len(values):
+        finished = ", ".join(str(t.meta.tree_nodes if mode == "trees" else t.meta.policy.k) for t in traces)
+        summary += f" **{budget() or 'Stopped'}**: only {name} = {finished} finished every repeat."
+    return *figures, shown(table), _csv(table), summary, NO_RACE
 
 
 def _say(progress: gr.Progress) -> Callable[[float, str], None]:
@@ -161,7 +198,7 @@ def _compare_sources(settings: dict, config: RunConfig, progress: gr.Progress, b
     if len(traces) < len(specs):
         summary += f" **{budget() or 'Stopped'}**: only {', '.join(t.meta.draft for t in traces)} finished every repeat."
     race = gr.update(value=race_many_html(traces), visible=True)
-    return compare_figure(table), compare_tokens_figure(table), table.round(3), _csv(table), summary, race
+    return compare_figure(table), compare_tokens_figure(table), shown(table), _csv(table), summary, race
 
 
 def compare_summary(table, traces: list[Trace]) -> str:
@@ -191,17 +228,27 @@ def _workload_sweep(
     repeats = int(settings["repeats"])
     report = progress_reporter(run_labels(len(rows), ks), _say(progress))
     table, _ = workload_sweep(config, rows, ks, report, budget, repeats)
-    summary = workload_summary(table, len(rows), len(ks), repeats, config.sampling.greedy)
-    if budget():
-        summary += f" **{budget()}**: the table holds the prompts and k that finished every repeat."
+    summary = workload_summary(table, repeats, config.sampling.greedy)
+    finished = table_prompts(table)
+    if finished < len(rows):
+        summary += (
+            f" **{budget() or 'Stopped'}**: {finished} of the {len(rows)} prompts finished every k in every "
+            "repeat; the table and charts hold those."
+        )
     return (
         workload_curve(table),
         workload_tokens_per_round(table),
-        table.round(3),
+        shown(table),
         _csv(table),
         summary,
         NO_RACE,
     )
+
+
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as the page shows it: figures to 3 places, each column headed by its glossary term's
+    words (the CSV keeps the columns' own names)."""
+    return table.round(3).rename(columns=header)
 
 
 def _csv(table) -> str:
@@ -210,8 +257,15 @@ def _csv(table) -> str:
     return str(path)
 
 
-def workload_summary(table, prompts: int, ks: int, repeats: int, greedy: bool) -> str:
-    """Each category's best k, or that none is clear, and whether every output matched plain decoding."""
+def table_prompts(table: pd.DataFrame) -> int:
+    """How many prompts a workload table holds: its "all" rows' count, else its one category's."""
+    pooled = table[table["category"] == ALL]
+    return int((pooled if not pooled.empty else table)["prompts"].max())
+
+
+def workload_summary(table: pd.DataFrame, repeats: int, greedy: bool) -> str:
+    """What the table holds, counted from it; each category's best k, or that none is clear; and
+    whether every output matched plain decoding."""
     parts = []
     for category, best in best_ks(table).items():
         figure = f"×{best.speedup:.2f} at k = {best.value}"
@@ -226,9 +280,14 @@ def workload_summary(table, prompts: int, ks: int, repeats: int, greedy: bool) -
     else:
         same = "outputs differ from plain decoding ✗"
     once = " (one repeat: no spread to tell a best k from noise)" if repeats == 1 else ""
-    said = f"{prompts} prompts × {ks} k × {repeats} repeats{once}. " + "; ".join(parts) + f"; {same}."
+    count = f"{words(table_prompts(table), 'prompt')} × {table['k'].nunique()} k × {words(repeats, 'repeat')}"
+    said = f"{count}{once}. " + "; ".join(parts) + f"; {same}."
     names = [f"{category}, k = {k}" for category, k in zip(table["category"], table["k"], strict=True)]
     return with_busy_note(said, table, names)
+
+
+def words(n: int, thing: str) -> str:
+    return f"{n} {thing}{'s' * (n != 1)}"
 
 
 def sweep_summary(table, traces: list[Trace], column: str) -> str:

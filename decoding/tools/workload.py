@@ -3,17 +3,23 @@
 A category's speedup at k is how much sooner its whole traffic finishes: the plain runs' time over
 the speculative runs' time, summed over its prompts, once per repeat. Its median over the repeats
 is reported with the lowest and the highest, and a category's best k is named only where it beats
-every other k beyond that spread (sweep.best_setting). "all" pools every prompt.
+every other k beyond that spread (sweep.best_setting). "all" pools every prompt of every category,
+where there are two categories or more (of one, it would only repeat it).
+
+A sweep stopped half-way (its time budget, Stop) keeps the prompts measured at every k in every
+repeat: a category's rows then pool the same prompts at each k.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pandas as pd
 
 from ..api import RunConfig
+from ..core.budget import RunStopped
 from ..core.plain import StopCheck
 from ..trace import Trace
 from .sweep import BestSetting, best_of, check_ks, interleaved, speedup_spread, with_best
@@ -47,20 +53,32 @@ def workload_sweep(
     ks = check_ks(ks)
     cells = [(p, k) for p in range(len(prompts)) for k in ks]
     runs = [dataclasses.replace(config, prompt=prompts[p]["prompt"], k=k, baseline=False) for p, k in cells]
-    measured = interleaved(runs, repeats, progress, should_stop)
+    measured = whole_prompts(interleaved(runs, repeats, progress, should_stop), len(ks))
+    if not measured:
+        reason = (should_stop and should_stop()) or "stopped"
+        raise RunStopped(f"{reason} before a prompt finished every k in every repeat")
     categories = {row["prompt"]: row.get("category") or ALL for row in prompts}
     order = [cells[step % len(cells)] for step in range(len(cells) * repeats)]
     return workload_table(measured, categories), order
 
 
+def whole_prompts(measured: Sequence[Sequence[Trace]], ks: int) -> list[Sequence[Trace]]:
+    """The measured cells of the prompts measured at all `ks` k values: a stop can leave a prompt
+    done at its first k only, and a category's row at that k would pool other prompts than the next."""
+    done = Counter(runs[0].meta.prompt for runs in measured)
+    return [runs for runs in measured if done[runs[0].meta.prompt] >= ks]
+
+
 def workload_table(measured: Sequence[Sequence[Trace]], categories: dict[str, str]) -> pd.DataFrame:
-    """Rows per (category, k) and per ("all", k) of the prompts × k measured (each a list of repeats)."""
+    """Rows per (category, k) of the prompts × k measured (each a list of repeats), then per ("all",
+    k) where they hold two categories or more."""
+    pooled = len({categories[runs[0].meta.prompt] for runs in measured}) > 1
     groups: dict[tuple[str, int], list[Sequence[Trace]]] = {}
     for runs in measured:
         k = runs[0].meta.policy.k
         category = categories[runs[0].meta.prompt]
         groups.setdefault((category, k), []).append(runs)
-        if category != ALL:
+        if pooled and category != ALL:
             groups.setdefault((ALL, k), []).append(runs)
     rows = [{"category": c, "k": k, **group_figures(cells)} for (c, k), cells in groups.items()]
     table = pd.DataFrame(rows, columns=WORKLOAD_COLUMNS)
