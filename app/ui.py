@@ -20,7 +20,7 @@ from visualize.timeline import empty_timeline_html
 
 from . import common
 from .examples import example_prompts
-from .tabs import explore, production, replay, sweep, theory
+from .tabs import explore, production, replay, sweep, theory, traffic
 
 CSS_PATH = Path(__file__).resolve().parents[1] / "assets" / "speclens.css"
 JS_PATH = CSS_PATH.with_suffix(".js")
@@ -133,6 +133,8 @@ def build_demo() -> gr.Blocks:
                 trace_state = explore_tab(demo, settings)
             with gr.Tab("Sweep"):
                 sweep_tab(settings)
+            with gr.Tab("Traffic"):
+                traffic_tab(settings)
             with gr.Tab("Theory"):
                 theory_tab(demo, settings["target"])
             with gr.Tab("Replay"):
@@ -329,6 +331,57 @@ def sweep_tab(settings: dict) -> None:
         _wire(inputs, sweep.SWEEP_INPUTS),
         outputs,
         "sweep",
+        cleared,
+    )
+
+
+def traffic_tab(settings: dict) -> None:
+    """Plain and speculative decoding of many requests at once, at each batch size and k."""
+    gr.Markdown(
+        "Does speculation still pay when many requests decode together? Spec-Bench's prompts are decoded "
+        "plainly and then speculatively with the sidebar's pair, *B* at a time (a request that finishes "
+        "leaves and the next joins), greedy, at each batch size and k, and timed side by side. Plain "
+        "decoding at batch *B* already checks *B* rows a pass; speculation adds each request's draft to "
+        "the same pass, which is nearly free only while the pass is bound by reading the weights."
+    )
+    inputs = dict(settings)
+    with gr.Row():
+        inputs["batch_sizes"] = gr.CheckboxGroup(
+            list(traffic.BATCH_SIZES), value=[1, 2, 4, 8], label="Batch sizes B", elem_id="batch-sizes"
+        )
+        inputs["ks"] = gr.CheckboxGroup(list(range(1, 7)), value=[2, 4], label="k", elem_id="batch-ks")
+    with gr.Row():
+        inputs["per_category"] = gr.Slider(
+            1, 12, value=2, step=1, label="Prompts per category (6 categories)"
+        )
+        inputs["traffic_tokens"] = gr.Slider(8, 256, value=32, step=8, label="New tokens per request")
+        inputs["traffic_repeats"] = gr.Slider(1, 5, value=1, step=1, label="Repeats")
+    with gr.Row():
+        button = gr.Button("Measure", variant="primary", elem_id="traffic-run")
+        stop = gr.Button("Stop", variant="stop", elem_id="traffic-stop")
+    plot = gr.Plot(show_label=False, elem_id="traffic-plot")
+    why = gr.Markdown(elem_id="traffic-why")
+    with gr.Row():
+        vllm = gr.Code(
+            language="json", label="vLLM --speculative-config", buttons=["copy"], elem_id="traffic-vllm"
+        )
+        sglang = gr.Code(
+            language="json",
+            label="SGLang --speculative-adaptive-config file",
+            buttons=["copy"],
+            elem_id="traffic-sglang",
+        )
+    table = gr.Dataframe(label="Per batch size and k", interactive=False, elem_id="traffic-table")
+    csv = gr.File(label="Traffic CSV")
+    outputs = [plot, why, vllm, sglang, table, csv]
+    cleared = {plot: None, why: "*Measuring…*", vllm: "", sglang: "", table: None, csv: None}
+    _while_running(
+        button,
+        stop,
+        (traffic.check_traffic, traffic.run_traffic),
+        _wire(inputs, traffic.TRAFFIC_INPUTS),
+        outputs,
+        "traffic",
         cleared,
     )
 

@@ -219,6 +219,46 @@ def test_a_new_sweep_clears_what_the_last_one_showed(page):
     page.wait_for_function("/best k/i.test(document.querySelector('#sweep-summary').innerText)", timeout=LONG)
 
 
+def test_traffic_measures_batches_and_gives_each_engine_its_k_by_batch_size(page):
+    """Batch sizes 1 and 2 at k = 2 on one prompt per category: the measured points and the
+    prediction drawn, the sentence saying why, and vLLM's and SGLang's settings from the same rows."""
+    page.get_by_role("tab", name="Traffic").click()
+    for box in page.locator("#batch-sizes input[type=checkbox]").all():
+        if box.is_checked() != (box.evaluate("b => b.parentElement.innerText.trim()") in ("1", "2")):
+            box.click()
+    for box in page.locator("#batch-ks input[type=checkbox]").all():
+        if box.is_checked() != (box.evaluate("b => b.parentElement.innerText.trim()") == "2"):
+            box.click()
+    page.locator("#traffic-run").click()
+    page.wait_for_function(
+        "document.querySelector('#traffic-why').innerText.includes('a target pass costs about the same')",
+        timeout=LONG,
+    )
+    why = page.locator("#traffic-why").inner_text()
+    assert "1 request" in why and "2 requests together" in why
+    legend = page.locator("#traffic-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
+    assert "k=2 measured" in legend and "k=2 predicted" in legend
+    vllm = page.locator("#traffic-vllm").inner_text()
+    assert (
+        "num_speculative_tokens_per_batch_size" in vllm
+        and "candidate_steps" in page.locator("#traffic-sglang").inner_text()
+    )
+    headers = page.locator("#traffic-table thead").inner_text()
+    assert "batch size B" in headers and "predicted (batched)" in headers
+    page.screenshot(path=ARTIFACTS / "traffic.png", full_page=True)
+
+
+def test_traffic_refuses_no_batch_size_in_one_message_and_stays_usable(page):
+    page.get_by_role("tab", name="Traffic").click()
+    for box in page.locator("#batch-sizes input[type=checkbox]").all():
+        if box.is_checked():
+            box.click()
+    page.locator("#traffic-run").click()
+    page.get_by_text("tick at least one batch size").first.wait_for(timeout=30_000)
+    page.wait_for_function("!document.querySelector('#traffic-run').disabled", timeout=30_000)
+    assert page.locator("#traffic-why").inner_text().strip() == ""
+
+
 def test_explore_steps_through_each_round_stage_by_stage(page):
     """The example run, built up one stage at a time: the draft's guesses; the target reading them
     all in one pass, its measured time beside the k + 1 plain steps writing them one at a time
@@ -805,7 +845,7 @@ def test_a_phone_sees_the_prompt_run_and_every_tab(browser, live_app, width):
     box = page.locator("#run").bounding_box()
     assert box is not None and box["y"] + box["height"] <= 900
     tops = set()
-    for name in ("Explore", "Sweep", "Theory", "Replay", "Production"):
+    for name in ("Explore", "Sweep", "Traffic", "Theory", "Replay", "Production"):
         tab = page.get_by_role("tab", name=name)
         assert tab.is_visible(), name
         tops.add(round(tab.bounding_box()["y"]))

@@ -514,3 +514,29 @@ def note_figure(title: str, text: str) -> go.Figure:
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
     return _layout(fig, title, "", "")
+
+
+def batch_figure(table: pd.DataFrame) -> go.Figure:
+    """Measured speedup against the batch size, one line per k (bars: lowest to highest repeat),
+    beside the cost model's prediction from the same runs (dashed); where each k stops paying
+    (its first batch size measured below ×1) is marked."""
+    fig = go.Figure()
+    palette = plotly.colors.qualitative.Plotly
+    for i, (k, rows) in enumerate(table.sort_values("batch").groupby("k")):
+        color = palette[i % len(palette)]
+        measured = _measured(rows, "batch", f"k={k} measured")
+        measured.update(line={"color": color}, legendgroup=str(k))
+        fig.add_trace(measured)
+        fig.add_scatter(x=rows["batch"], y=rows["predicted_speedup"], mode="lines", name=f"k={k} predicted",
+                        line={"color": color, "dash": "dash"}, legendgroup=str(k))  # fmt: skip
+        losing = rows[rows["speedup"] < 1.0]
+        if not losing.empty:
+            first = losing.iloc[0]
+            fig.add_scatter(x=[first["batch"]], y=[first["speedup"]], mode="markers+text", showlegend=False,
+                            text=[f"k={k} stops paying"], textposition="bottom center", legendgroup=str(k),
+                            marker={"size": 13, "symbol": "x", "color": color})  # fmt: skip
+    fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
+    batches = sorted(table["batch"].unique())
+    fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches])
+    return _layout(fig, "Speedup against requests decoded together, measured here", "batch size B",
+                   "speedup over plain decoding (×)")  # fmt: skip

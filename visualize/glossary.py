@@ -164,6 +164,49 @@ GLOSSARY: dict[str, Term] = {
         Term("draft source", "What proposed the draft tokens.", ("draft",)),
         Term("category", "The workload's category of prompts; 'all' pools them.", ("category",)),
         Term("prompts", "How many prompts the row's figures pool.", ("prompts",)),
+        Term(
+            "batch size B",
+            "Requests decoded together, one target pass a step for all of them; one that finishes leaves "
+            "and the next waiting one joins (continuous batching).",
+            ("batch",),
+        ),
+        Term(
+            "predicted (batched)",
+            "The speedup the cost model predicts at this batch size from the same runs' pass times by rows, "
+            "tokens per round, rows checked and drafting costs — never from the measured speedup.",
+            ("predicted_speedup",),
+        ),
+        Term(
+            "plain tokens / s (batch)",
+            "Output tokens per second of every request together, decoded plainly B at a time.",
+            ("tokens_per_s_plain",),
+        ),
+        Term(
+            "speculative tokens / s (batch)",
+            "Output tokens per second of every request together, decoded speculatively B at a time.",
+            ("tokens_per_s_speculative",),
+        ),
+        Term(
+            "ms per token, median",
+            "What one request waits per token, from its prefill's start to its last token (the median request).",
+            ("ms_per_token_p50",),
+        ),
+        Term(
+            "ms per token, p95",
+            "The same wait for the slowest requests: 95 in 100 waited less per token.",
+            ("ms_per_token_p95",),
+        ),
+        Term(
+            "rows per pass",
+            "The rows one target pass checked, every request's together: B for plain decoding, B × (1 + "
+            "its draft) for speculation.",
+            ("rows_per_pass",),
+        ),
+        Term(
+            "identical (batch)",
+            "Whether every request's speculative output equals its plain output at this batch size.",
+            ("identical",),
+        ),
     )
 }
 # A term goes by its heading too: a table shows its columns by their terms' headings (`header`).

@@ -10,6 +10,7 @@ the single-sequence loop (`speculative.py`, what the app runs) is timed beside i
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import statistics
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from ..core.budget import RunStopped
 from ..core.plain import StopCheck, autoregressive_generate
 from ..core.speculative import untraced_generate
 from ..drafts.suffix import SuffixCorpus, SuffixDraft
+from ..settings.environment import cache_dir
 from ..settings.policies import make_policy
 from .bench import machine
 from .prompts import read_prompts
@@ -60,6 +62,7 @@ class BatchBenchConfig:
     repeats: int = 1
     out: Path | None = Path("benchmarks/latest-batch")
     command: str = ""
+    single: bool = True  # at B = 1, time the single-sequence loops beside the batched step
 
 
 @dataclass
@@ -74,16 +77,39 @@ class Measured:
 def run_batch_bench(
     cfg: BatchBenchConfig, say: Callable[[str], None] = print, should_stop: StopCheck | None = None
 ) -> pd.DataFrame:
-    """Measure every batch size, write `batch.csv`, `summary.md` and `meta.json` under `cfg.out`.
-    A run `should_stop` ends keeps the batch sizes it finished (RunStopped where it finished none)."""
+    """Measure every batch size; write `batch.csv`, `summary.md` and `meta.json` under `cfg.out`."""
+    measured = measure_batches(cfg, say, should_stop)
+    if cfg.out is not None:
+        write_batch_results(cfg, measured)
+    return measured.table
+
+
+@dataclass
+class BatchResults:
+    """A batched benchmark's rows (BATCH_COLUMNS) and every pass it timed, (rows, ms) each."""
+
+    table: pd.DataFrame
+    passes: list[tuple[int, float]]
+    prompts: int
+
+    def pass_ms_by_rows(self) -> dict[int, float]:
+        by_rows = pd.DataFrame(self.passes, columns=["rows", "ms"]).groupby("rows")["ms"].median()
+        return {int(n): round(float(ms), 3) for n, ms in by_rows.items()}
+
+
+def measure_batches(
+    cfg: BatchBenchConfig, say: Callable[[str], None] = print, should_stop: StopCheck | None = None
+) -> BatchResults:
+    """Every batch size's runs, and the cost model's prediction from their own pass times. A run
+    `should_stop` ends keeps the batch sizes it finished (RunStopped where it finished none)."""
     prompts = [p["prompt"] for p in read_prompts(cfg.prompts, cfg.limit)]
     batch = api.prepare_batch(cfg.run, prompts, cfg.sizes)
-    _warm_up(batch, max(cfg.sizes))
     measured = []
     try:
+        _warm_up(batch, max(cfg.sizes), should_stop)
         for size in cfg.sizes:
             m = Measured(size, [_pair(batch, size, should_stop) for _ in range(cfg.repeats)])
-            if size == 1:
+            if size == 1 and cfg.single:
                 m.single = _single(batch)
             measured.append(m)
             say(_progress(m))
@@ -93,18 +119,16 @@ def run_batch_bench(
         say(f"{stop}: the batch sizes measured so far")
     passes = [(p.rows, p.ms) for m in measured for pair in m.pairs for run in pair for p in run.passes]
     verify_ms = costmodel.pass_cost(passes)
-    df = pd.DataFrame([_row(m, cfg.run.k, verify_ms) for m in measured], columns=BATCH_COLUMNS)
-    if cfg.out is not None:
-        write_batch_results(cfg, df, passes, batch)
-    return df
+    table = pd.DataFrame([_row(m, cfg.run.k, verify_ms) for m in measured], columns=BATCH_COLUMNS)
+    return BatchResults(table, passes, len(prompts))
 
 
-def _warm_up(batch: PreparedBatch, size: int) -> None:
+def _warm_up(batch: PreparedBatch, size: int, should_stop: StopCheck | None) -> None:
     """The first calls at each row count pack the kernel's panels and size its buffers: a few tokens
     of every prompt, plain and speculative, at the largest batch, before anything is timed."""
     short = replace(batch, config=replace(batch.config, max_new_tokens=4))
-    api.decode_batch(short, size, speculative=False)
-    api.decode_batch(short, size, speculative=True)
+    api.decode_batch(short, size, False, should_stop)
+    api.decode_batch(short, size, True, should_stop)
 
 
 def _pair(batch: PreparedBatch, size: int, should_stop: StopCheck | None) -> tuple[BatchRun, BatchRun]:
@@ -209,12 +233,10 @@ def _progress(m: Measured) -> str:
     return line
 
 
-def write_batch_results(
-    cfg: BatchBenchConfig, df: pd.DataFrame, passes: list[tuple[int, float]], batch: PreparedBatch
-) -> None:
+def write_batch_results(cfg: BatchBenchConfig, results: BatchResults) -> None:
+    df = results.table
     cfg.out.mkdir(parents=True, exist_ok=True)
     df.to_csv(cfg.out / "batch.csv", index=False)
-    by_rows = pd.DataFrame(passes, columns=["rows", "ms"]).groupby("rows")["ms"].median()
     ranges = costmodel.k_per_batch_size({int(r.batch): {int(r.k): float(r.speedup)} for r in df.itertuples()})
     meta = {
         "command": cfg.command,
@@ -223,12 +245,11 @@ def write_batch_results(
         "target": cfg.run.target,
         "draft": cfg.run.draft,
         "k": cfg.run.k,
-        "prompts": len(batch.prompt_ids),
+        "prompts": results.prompts,
         "max_new_tokens": cfg.run.max_new_tokens,
         "repeats": cfg.repeats,
-        "row_kernel": batch.target.row_kernel,
         "versions": library_versions(),
-        "pass_ms_by_rows": {int(n): round(float(ms), 3) for n, ms in by_rows.items()},
+        "pass_ms_by_rows": results.pass_ms_by_rows(),
         "k_per_batch_size": ranges,
     }
     (cfg.out / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -269,3 +290,34 @@ def summary_markdown(df: pd.DataFrame, meta: dict) -> str:
             f"{r.tokens_per_s_speculative_single:.1f} tok/s."
         )
     return f"{head}\n\n`{meta['command']}`\n\n" + "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
+
+
+def measured_file(target: str) -> Path:
+    """Where the last batched measurement of `target` on this machine is kept (the app's Traffic
+    tab writes it; Theory and Production read it)."""
+    key = json.dumps([machine(), target.strip()])
+    return cache_dir() / "batch" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def save_measured(target: str, draft: str, results: BatchResults) -> None:
+    path = measured_file(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "target": target,
+        "draft": draft,
+        "rows": results.table.to_dict("records"),
+        "pass_ms_by_rows": results.pass_ms_by_rows(),
+    }
+    path.write_text(json.dumps(data, indent=1))
+
+
+def load_measured(target: str) -> dict | None:
+    """The last batched measurement of `target` here, or None (none yet, or unreadable)."""
+    try:
+        data = json.loads(measured_file(target).read_text())
+        data["pass_ms_by_rows"] = {int(n): float(ms) for n, ms in data["pass_ms_by_rows"].items()}
+        return data
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -1,0 +1,73 @@
+"""A batched run's figures in words: why speculation pays or stops paying with more requests at
+once, and the draft length by batch size as vLLM and SGLang take it."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from decoding import costmodel
+
+FLAT = 1.25  # a pass "costs about the same" while it takes at most this many times a one-row pass
+
+# vLLM's `speculative_config["method"]` for each SpecLens draft kind (the hybrid's head is EAGLE-3).
+VLLM_METHODS = {
+    "ngram": "ngram",
+    "suffix": "suffix",
+    "head": "eagle3",
+    "hybrid": "eagle3",
+    "model": "draft_model",
+}
+
+
+def flat_rows(verify_ms) -> int:
+    """The most rows a pass takes for at most FLAT times a one-row pass (checked up to 256)."""
+    one = verify_ms(1)
+    return max([n for n in range(1, 257) if verify_ms(n) <= FLAT * one] or [1])
+
+
+def why_sentence(table: pd.DataFrame, pass_ms: dict[int, float]) -> str:
+    """One sentence from the measured rows: what a pass costs by its rows on this machine, and what
+    that does to speculation at the smallest batch and where it stops paying (or the largest)."""
+    if table.empty:
+        return ""
+    verify_ms = costmodel.pass_cost(list(pass_ms.items()))
+    limit = flat_rows(verify_ms)
+    best = table.loc[table.groupby("batch")["speedup"].idxmax()].sort_values("batch")
+    small = best.iloc[0]
+    losing = best[best["speedup"] < 1.0]
+    large = losing.iloc[0] if not losing.empty else best.iloc[-1]
+    text = (
+        f"Here a target pass costs about the same for up to {limit} rows (V({limit}) ≤ {FLAT:g} × V(1)), "
+        f"then grows with them. At {_requests(small.batch)}, a round's check of {small.rows_per_pass:.0f} rows "
+        f"brings {small.tokens_per_round:.2f} tokens a request (×{small.speedup:.2f} at k={small.k})"
+    )
+    if large.batch == small.batch:
+        return text + "."
+    verdict = "so speculation stops paying" if large.speedup < 1.0 else "and speculation still pays"
+    return text + (
+        f"; at {_requests(large.batch)}, plain decoding already fills a pass with {large.batch} rows and "
+        f"speculation's {large.rows_per_pass:.0f} rows cost {verify_ms(large.rows_per_pass) / verify_ms(large.batch):.1f} "
+        f"times that pass for {large.tokens_per_round:.2f} tokens a request, {verdict} "
+        f"(×{large.speedup:.2f} at its best k, {large.k})."
+    )
+
+
+def _requests(n: int) -> str:
+    return "1 request" if n == 1 else f"{n} requests together"
+
+
+def k_ranges(table: pd.DataFrame) -> list[tuple[int, int, int]]:
+    speedups: dict[int, dict[int, float]] = {}
+    for r in table.itertuples():
+        speedups.setdefault(int(r.batch), {})[int(r.k)] = float(r.speedup)
+    return costmodel.k_per_batch_size(speedups)
+
+
+def engine_configs(table: pd.DataFrame, draft_kind: str) -> tuple[str, str]:
+    """vLLM's `--speculative-config` and SGLang's `--speculative-adaptive-config` file for the draft
+    length by batch size these measurements recommend, as JSON texts."""
+    ranges = k_ranges(table)
+    vllm = costmodel.vllm_speculative_config(VLLM_METHODS.get(draft_kind, "draft_model"), ranges)
+    return json.dumps(vllm), json.dumps(costmodel.sglang_adaptive_config(ranges), indent=1)
