@@ -43,7 +43,9 @@ class RunConfig:
     """Every setting of one run. The CLI's flags are made from these fields (see cli.add_run_flags)."""
 
     target: str = _opt("smollm2-135m", "preset, folder, .gguf file or hub id")
-    draft: str = _opt("ngram", "ngram, suffix, layers:N, head, head:PATH, a model name or path, or none")
+    draft: str = _opt(
+        "ngram", "ngram, suffix, layers:N, head, head:PATH or head:ORG/NAME, a model name or path, or none"
+    )
     k: int = _opt(4, f"tokens drafted per round ({K_MIN}-{K_MAX}); a tree's depth")
     tree_nodes: int = _opt(
         0, f"draft a token tree of this many nodes, k deep (0: a chain; up to {MAX_TREE_NODES})"
