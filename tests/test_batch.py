@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 
 import numpy as np
@@ -205,3 +206,18 @@ def test_bench_batch_refuses_a_batch_it_cannot_run_in_one_line(
     assert main([*args, "--batch", batch, "--no-chat", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert expect in err and "\n" not in err and "Traceback" not in err
+
+
+@needs_kernel
+def test_the_ctypes_structs_match_the_kernels_layout():
+    """llama.py's mirrors of the kernel's structs have the C++ sizes and offsets: a field out of
+    place would have the kernel read another field's bytes, with no error."""
+    out = (ctypes.c_int64 * 12)()
+    rowlinear.library().struct_layout(out)
+    expected = [
+        ctypes.sizeof(llama._Mask), ctypes.sizeof(llama._Layer), ctypes.sizeof(llama._LayerCacheView),
+        ctypes.sizeof(llama._Head), ctypes.sizeof(llama._Segment), llama._Segment.caches.offset,
+        llama._Segment.mask.offset, ctypes.sizeof(llama._Step), llama._Step.head.offset,
+        llama._Step.segments.offset, llama._Step.segment.offset, ctypes.sizeof(llama._Attention),
+    ]  # fmt: skip
+    assert list(out) == expected

@@ -114,6 +114,7 @@ def library() -> ctypes.CDLL | None:
         "attention": [ptr],
         "llama_layers": [ptr, ptr, i64, ptr],
         "eagle_layer": [ptr] * 4,
+        "struct_layout": [ptr],
         "rowlinear_settings": [ptr],
         "rowlinear_tune": [ptr],
     }.items():

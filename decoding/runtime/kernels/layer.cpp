@@ -18,6 +18,8 @@
 // then round as torch's elementwise ops do.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <iterator>
 #include <vector>
 
 #include "rows.h"
@@ -598,4 +600,15 @@ extern "C" void silu_rows(const float* x, float* y, int64_t n) { silu_mul(x, nul
 extern "C" void attention(const Attention* a) {
 #pragma omp parallel num_threads(team())
   attention_rows(*a);
+}
+
+// The structs' sizes and the offsets of the fields added last, for llama.py's ctypes mirrors to be
+// checked against (tests/test_batch.py): a mismatch would read garbage, not fail.
+extern "C" void struct_layout(int64_t* out) {
+  const int64_t layout[] = {
+      sizeof(Mask),     sizeof(Layer),        sizeof(LayerCache), sizeof(Head),
+      sizeof(Segment),  offsetof(Segment, caches), offsetof(Segment, mask), sizeof(Step),
+      offsetof(Step, head), offsetof(Step, segments), offsetof(Step, segment), sizeof(Attention),
+  };
+  std::copy(std::begin(layout), std::end(layout), out);
 }
