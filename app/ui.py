@@ -550,6 +550,8 @@ def production_tab(trace_state: gr.State) -> None:
         terms_html(
             [
                 "mean acceptance length",
+                "drafts",
+                "tokens per round",
                 "acceptance rate",
                 "per-position acceptance (vLLM)",
                 "per-position acceptance (SpecLens)",

@@ -18,7 +18,7 @@ import torch
 from conftest import ROOT
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from app.tabs.production import production_example
+from app.tabs.production import production_example, run_production
 from decoding import costmodel
 from decoding.core.speculative import speculative_generate
 from decoding.drafts import NGramDraft
@@ -350,3 +350,34 @@ def test_position_labels_cannot_size_a_list():
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="x"} 1.0\n'
     )
     assert metrics.summary(metrics.parse(page))["per_position"] == [0.5]
+
+
+def test_drafts_and_rounds_are_counted_one_way_across_explore_and_production(tmp_path, monkeypatch):
+    """vLLM's num_drafts counts the rounds that drafted, Explore every round: Production says both,
+    and its mean acceptance length and Explore's tokens per round are counts of the same rounds."""
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    rounds, drafts = len(trace.rounds), sum(1 for r in trace.rounds if r.drafted)
+    assert rounds - drafts == 3  # the example has rounds that drafted nothing
+    _, _, text, _ = production_example(0.0, 0.0, trace.to_dict())
+    length = 1 + trace.totals.accepted / drafts
+    assert f"mean acceptance length **{length:.2f}**" in text
+    assert f"{drafts} drafts (vLLM's num_drafts: the rounds that drafted)" in text
+    assert (
+        f"{rounds} rounds, {drafts} of which drafted" in text
+        and "not the 3 rounds that drafted nothing" in text
+    )
+    assert f"1 + {trace.totals.accepted} accepted / {drafts} drafts = **{length:.2f}**" in text
+    per_round = (
+        f"{trace.totals.new_tokens} tokens / {rounds} rounds = **{trace.totals.tokens_per_round:.2f}**"
+    )
+    assert per_round in text
+    # Beside a deployment's page, the Explore run is counted the same way.
+    fake = FakeVLLM()
+    fake.observe(40, 2)
+    page = tmp_path / "vllm.prom"
+    page.write_text(fake.page())
+    _, _, beside, _ = run_production(None, str(page), None, 0.0, 0.0, trace.to_dict())
+    assert (
+        "40 drafts (vLLM's num_drafts" in beside and f"{rounds} rounds, {drafts} of which drafted" in beside
+    )

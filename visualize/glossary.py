@@ -40,13 +40,22 @@ GLOSSARY: dict[str, Term] = {
         Term(
             "tokens per round",
             "Output tokens one round made: its kept draft tokens plus the target's own token (a "
-            "correction or a bonus). Plain decoding makes 1 per target step.",
+            "correction or a bonus). Plain decoding makes 1 per target step. Every round counts, one "
+            "that drafted nothing too (vLLM's mean acceptance length counts only the rounds that drafted).",
             ("tokens per round", "tokens_per_round", "tokens/round"),
         ),
         Term(
             "mean acceptance length (vLLM)",
-            "1 + accepted / drafts: vLLM's tokens per round, the target's own token included.",
+            "1 + accepted / drafts: vLLM's tokens per round, the target's own token included, over the "
+            "rounds that drafted (its num_drafts). Of a run with rounds that drafted nothing it is higher "
+            "than the run's tokens per round, which counts those rounds too.",
             ("mean acceptance length",),
+        ),
+        Term(
+            "drafts (vLLM's num_drafts)",
+            "The rounds that drafted at least one token. A round where the draft had nothing to propose "
+            "(the target wrote its token alone) is a round but not a draft.",
+            ("drafts", "num_drafts"),
         ),
         Term(
             "per-position acceptance (SpecLens)",

@@ -53,10 +53,11 @@ def run_production(url, first, second, draft_cost: float, verify_growth: float, 
         verify = costmodel.linear_verify(float(verify_growth))
         choice = metrics.choose_k(figures, float(draft_cost), verify)
         costing = f"c = {float(draft_cost):.2f} target steps and checking k+1 tokens 1 + b·k, b = {float(verify_growth):.2f}"
+        run = Trace.from_dict(trace_dict) if trace_dict else None
         return (
             per_position_figure(series),
             best_k_figure(choice.speedups, choice.best),
-            production_text(figures, choice, costing),
+            production_text(figures, choice, costing, run),
             str(page) if page else None,
         )
 
@@ -81,7 +82,7 @@ def production_example(draft_cost: float, verify_growth: float, trace_dict: dict
         return (
             per_position_figure({f"{figures['engine']} deployment": figures["per_position"]}),
             best_k_figure(choice.speedups, choice.best),
-            f"{label}\n\n{production_text(figures, choice, costing)}",
+            f"{label}\n\n{production_text(figures, choice, costing, trace)}",
             str(page),
         )
 
@@ -102,7 +103,38 @@ def example_verify_cost(trace: Trace, verify_growth: float) -> tuple[Callable[[i
     )
 
 
-def production_text(figures: dict, choice: metrics.KChoice, costing: str) -> str:
+def run_counting(trace: Trace) -> str:
+    """An Explore run counted both ways: Explore's rounds (every target pass, one that drafted
+    nothing too) and vLLM's drafts (num_drafts: the rounds that drafted), so that its tokens per
+    round and its mean acceptance length read as one count of the same rounds."""
+    t = trace.totals
+    drafts = sum(1 for r in trace.rounds if r.drafted)
+    alone = t.rounds - drafts
+    length = f"1 + {t.accepted} accepted / {count(drafts, 'draft')} = **{1 + t.accepted / drafts:.2f}**"
+    per_round = f"{count(t.new_tokens, 'token')} / {count(t.rounds, 'round')} = **{t.tokens_per_round:.2f}**"
+    if not drafts:
+        return f"**The Explore run**: none of its {count(t.rounds, 'round')} drafted, so vLLM would count no drafts."
+    if not alone:
+        return (
+            f"**The Explore run**: all {count(t.rounds, 'round')} drafted, so vLLM counts as many drafts. "
+            f"Mean acceptance length {length}; Explore's tokens per round {per_round}."
+        )
+    return (
+        f"**The Explore run**: {count(t.rounds, 'round')}, {drafts} of which drafted: vLLM's num_drafts counts "
+        f"those {drafts} only, not the {count(alone, 'round')} that drafted nothing (the target wrote its "
+        f"token alone). Mean acceptance length (over the drafts) {length}; Explore's tokens per round (over "
+        f"every round) {per_round}."
+    )
+
+
+def count(n: int, thing: str) -> str:
+    return f"{n:,} {thing}{'s' * (n != 1)}"
+
+
+def production_text(figures: dict, choice: metrics.KChoice, costing: str, run: Trace | None = None) -> str:
+    """The deployment's figures by vLLM's definitions, the Explore run counted both ways (`run`,
+    where there is one), and the best k."""
+
     def pct(x):
         return "–" if x is None else f"{x:.1%}"
 
@@ -110,9 +142,15 @@ def production_text(figures: dict, choice: metrics.KChoice, costing: str) -> str
     lines = [
         f"**{figures['engine']}**: mean acceptance length **{'–' if length is None else f'{length:.2f}'}** "
         f"(bonus token included), acceptance rate **{pct(figures['acceptance_rate'])}**"
-        + (f", {figures['num_drafts']:,} drafts" if figures["num_drafts"] is not None else "")
+        + (
+            f", {figures['num_drafts']:,} drafts (vLLM's num_drafts: the rounds that drafted)"
+            if figures["num_drafts"] is not None
+            else ""
+        )
         + ".",
     ]
+    if run is not None and run.rounds:
+        lines.append(run_counting(run))
     if "accepted_tokens_per_s" in figures:
         lines.append(
             f"Over the interval: {figures['accepted_tokens_per_s']:.1f} accepted and "

@@ -6,8 +6,9 @@ vLLM V1's definitions (`vllm/v1/spec_decode/metrics.py`), so a run here and
 a deployment there compare line by line:
 
 - mean acceptance length = 1 + accepted / drafts (the bonus token included;
-  the same figure as SpecLens's tokens per round and SGLang's
-  `spec_accept_length`),
+  SGLang's `spec_accept_length`), where a draft is a round that drafted
+  (`num_drafts`): SpecLens's tokens per round over those rounds, lower over
+  every round where some drafted nothing,
 - acceptance rate = accepted / draft tokens,
 - per-position acceptance = accepted at position i / drafts.
 
