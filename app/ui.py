@@ -543,8 +543,8 @@ def production_tab(trace_state: gr.State) -> None:
         "Read a **vLLM** or **SGLang** deployment's speculative-decoding metrics: its "
         "`/metrics` URL, or a saved page (two saved pages: the interval between them). "
         "Mean acceptance length = 1 + accepted / drafts; per-position acceptance = accepted "
-        "at that position / drafts (vLLM's definitions). The current Explore run is shown "
-        "beside it, counted the same way."
+        "at that position / drafts, a draft being a round that drafted (vLLM's definitions). The "
+        "current Explore run is shown beside it, counted the same way, and by its rounds as Explore counts them."
     )
     gr.HTML(
         terms_html(
