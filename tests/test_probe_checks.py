@@ -104,5 +104,9 @@ def test_a_kept_file_is_named_with_its_provenance_in_every_view(tmp_path, monkey
     assert ratios[17] == QUIET["17"]["verify_ratio"]
     assert "on 2026-05-02:" in text and "(timed at 09:14 UTC over 15 interleaved passes" in text
     assert "load 2.4 → 2.9 on 2 cores" in text
+    assert "under V(1)" not in text
+    keep(result({1: 30.1, 2: 29.2, 3: 29.9, 5: 31.0}, spread=0.05))  # within the noise: used, and said so
+    text = cached_verify("smollm2-135m")[1]
+    assert "V(2), V(3) under V(1) lie within the passes' noise: the predictions count V(1) there" in text
     keep(result({1: 30.1, 2: 30.8}, spread=None))  # an older probe's file is still read, and said so
     assert "by an older probe, which kept no spread or load" in cached_verify("smollm2-135m")[1]

@@ -80,7 +80,7 @@ def test_moving_b_moves_every_view_it_feeds_once_v_is_measured():
     """Measured, every view used this machine's V(n) and b moved one curve only. Moving b now
     chooses b's line for every view; the choice above the charts goes back to the measured one."""
     measured, choice = theory.slider_moved(MEASURED)
-    assert measured is None and choice["value"] == theory.SLIDER
+    assert measured == {} and choice["value"] == theory.SLIDER
     views = (
         lambda b, m: theory.run_theory(0.7, 0.1, b, 12, m)[1],
         lambda b, m: theory.run_concurrency(0.7, 0.1, b, m)[1],
@@ -90,8 +90,12 @@ def test_moving_b_moves_every_view_it_feeds_once_v_is_measured():
         assert view(0.1, measured) != view(0.6, measured)  # b's line: b moves it
         assert view(0.1, MEASURED) == view(0.6, MEASURED)  # the measured V(n): b has no say
     assert theory.pick_source(theory.MEASURED, MEASURED) == MEASURED
-    assert theory.pick_source(theory.SLIDER, MEASURED) is None
+    assert theory.pick_source(theory.SLIDER, MEASURED) == {}
     assert theory.slider_moved(None)[0] is None  # nothing measured: b's line already
+    # Chosen, not missing: the text says b was chosen, not that nothing was measured.
+    _, text = theory.run_concurrency(0.7, 0.1, 0.2, measured)
+    assert "not measured on this machine" not in text and "This follows b, as chosen above" in text
+    assert "not measured on this machine yet" in theory.run_concurrency(0.7, 0.1, 0.2, None)[1]
 
 
 def test_the_page_reruns_every_view_after_b_chooses_its_line():

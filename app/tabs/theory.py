@@ -30,8 +30,10 @@ NOT_MEASURED = (
     "(b = 0 holds on a large GPU; on a CPU checking more tokens costs more). *Measure V(n)* above "
     "times it here once and keeps it: later visits open on it."
 )
-# Where the tab's V(n) comes from once the probe measured it: moving b chooses b's line.
+# Where the tab's V(n) comes from once the probe measured it: moving b chooses b's line, which the
+# views are given as an empty V(n) ({}: measured, not used), never measured being None.
 MEASURED, SLIDER = "V(n) measured here", "the b slider: 1 + b·(n − 1)"
+B_CHOSEN = "This follows b, as chosen above; *V(n) from* goes back to this machine's measured V(n)."
 
 
 def verify_ratio(verify_growth: float, measured: dict | None) -> Callable[[int], float]:
@@ -77,7 +79,7 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
         f"**Predicted** from {source} (not measured runs): B requests decoded together check B rows a step; "
         f"speculating, B·(k+1). {concurrency_verdicts(table, batches, rows)}"
         + (_beyond(rows) if rows and any(b * (k + 1) > rows for k in table for b in batches) else "")
-        + ("" if measured else f" {NOT_MEASURED}")
+        + (f" {NOT_MEASURED}" if measured is None else "" if measured else f" {B_CHOSEN}")
     )
     return concurrency_figure(table, batches, rows), text
 
@@ -141,14 +143,14 @@ def _source_choice(ratios: dict | None):
 
 
 def pick_source(choice: str, found: dict | None) -> dict | None:
-    """The V(n) every view uses: the one measured here, or none (the b slider's line)."""
-    return found if choice == MEASURED else None
+    """The V(n) every view uses: the one measured here, or {} (the b slider's line chosen over it)."""
+    return found if choice == MEASURED or not found else {}
 
 
 def slider_moved(found: dict | None):
     """Moving b asks for b's line: every view it feeds follows it, not only one curve; the choice
     says so, and switches back."""
-    return None, (gr.update(value=SLIDER) if found else gr.update())
+    return ({}, gr.update(value=SLIDER)) if found else (None, gr.update())
 
 
 def check_measure(target: str) -> None:
@@ -168,11 +170,19 @@ def measure_verify(target: str):
 
 
 def measured_text(found: dict) -> str:
-    table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in verify_ratios(found).items())
+    ratios = verify_ratios(found)
+    table = ", ".join(f"V({n})/V(1) = {r:.2f}" for n, r in ratios.items())
+    under = [f"V({n})" for n, r in ratios.items() if r < 1]
+    held = (
+        f" {', '.join(under)} under V(1) lie{'s' * (len(under) == 1)} within the passes' noise: the "
+        "predictions count V(1) there, since checking more tokens cannot cost less."
+        if under
+        else ""
+    )
     return (
         f"Measured here for **{found['target']}** ({found['dtype']}, {found['device']}) on "
         f"{found.get('measured_at', '?')[:10]}: {table}; one token takes {found['1']['step_ms']:.1f} ms "
-        f"({provenance(found, day=False)}). The best γ, the curve *speedup (V measured here)*, the "
+        f"({provenance(found, day=False)}).{held} The best γ, the curve *speedup (V measured here)*, the "
         "concurrency chart and the trees use them in place of the b slider; moving b puts its line back "
         "in all of them."
     )
