@@ -41,10 +41,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from ..core.batch import BatchSettings, batch_generate
 from ..drafts.head import EagleHead, FeatureTap, HeadConfig, fingerprint, load_head, save_head
 from ..errors import SpecLensError
 from ..models.loading import LoadedModel
 from ..models.text import chat_text, eos_ids
+from ..settings.sampling import Sampling
 from .answers import MANIFEST, AnswerStore, prompt_hash
 from .bench import machine
 from .training_data import read_training_rows
@@ -80,27 +82,19 @@ class TrainConfig:
 
 
 def answer_batch(
-    model: LoadedModel, prompts: list[str], max_new_tokens: int, sample: dict
+    model: LoadedModel, prompts: list[str], max_new_tokens: int, sampling: Sampling
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, answer ids) of each prompt, generated together, left-padded: the stage's one
-    generation call, kept alone so that another decoding path can take its place."""
+    """(prompt ids, answer ids) of each prompt, decoded together on the batched path (`core.batch`:
+    one target pass a step for every answer still going, each ending at its own EOS): the stage's one
+    generation call."""
     tok = model.tokenizer
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    pad = tok.pad_token_id
-    texts = [chat_text(tok, p) for p in prompts]
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    ids = model.model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=pad, **sample)
-    width = enc.input_ids.shape[1]
-    pads_with_eos = pad in eos_ids(model.model, tok)  # generate pads a finished row with EOS
-    out = []
-    for row, mask in zip(ids, enc.attention_mask):
-        answer = row[width:].tolist()
-        if pads_with_eos and pad in answer:
-            answer = answer[: answer.index(pad) + 1]
-        out.append((row[width - int(mask.sum()) : width].tolist(), answer))
-    return out
+    ids = [
+        torch.tensor([tok(chat_text(tok, p), add_special_tokens=False).input_ids], device=model.device)
+        for p in prompts
+    ]
+    settings = BatchSettings(len(prompts), sampling, max_new_tokens, eos_ids(model.model, tok))
+    run = batch_generate(model.model, ids, settings)
+    return [(i[0].tolist(), answer) for i, answer in zip(ids, run.outputs, strict=True)]
 
 
 def answer_jobs(
@@ -134,9 +128,11 @@ def answer_prompts(model: LoadedModel, rows: list[dict], cfg: TrainConfig, store
     bar = tqdm(total=sum(len(b) for _, b in batches), desc="answers", unit="answer", disable=not batches)
     with store.writer(model.name, mark, decoding, machine()) as writer:
         for n, (variant, batch) in enumerate(batches):
-            torch.manual_seed(cfg.seed * 1000 + variant * 100 + n)
-            sample = dict(do_sample=True, temperature=0.7) if variant else dict(do_sample=False)
-            made = answer_batch(model, [rows[i]["prompt"] for i in batch], cfg.answer_tokens, sample)
+            seed = cfg.seed * 1000 + variant * 100 + n
+            sampling = Sampling(0.7, seed=seed) if variant else Sampling()
+            began = time.monotonic()
+            made = answer_batch(model, [rows[i]["prompt"] for i in batch], cfg.answer_tokens, sampling)
+            took = time.monotonic() - began
             records = [
                 {
                     "hash": rows[i]["hash"],
@@ -148,15 +144,16 @@ def answer_prompts(model: LoadedModel, rows: list[dict], cfg: TrainConfig, store
                 }
                 for i, (prompt_ids, answer) in zip(batch, made)
             ]
-            written = writer.add(records)
+            written = writer.add(records, took)
             done["answers"] += written
             done["answer_tokens"] += sum(len(r["answer"]) for r in records[:written])
-            done["seconds"] = round(time.monotonic() - started, 1)
+            elapsed = time.monotonic() - started
+            done["seconds"] = round(elapsed, 1)
             if written < len(records):
                 print(f"{store.folder}: no new shard fits in {store.total_bytes:,} bytes in all: stopping")
                 break
             bar.update(len(records))
-            bar.set_postfix(tokens_s=f"{done['answer_tokens'] / done['seconds']:.1f}", shard=writer.name)
+            bar.set_postfix(tokens_s=f"{done['answer_tokens'] / elapsed:.1f}", shard=writer.name)
     bar.close()
     return done
 
