@@ -20,6 +20,7 @@ from decoding.models import load_model
 from decoding.tools.probe import cached, measure
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, validate
 from visualize import glossary
+from visualize.busy import BUSY
 from visualize.race import plain_tokens, spec_tokens
 from visualize.timeline import KIND_COLOURS, KIND_LABELS
 
@@ -749,9 +750,11 @@ def test_the_default_run_says_what_it_shows(page):
         timeout=LONG,
     )
     cards = page.locator("#cards").inner_text()
-    speedup = float(re.search(r"×(\d+\.\d+)\s*speedup vs plain", cards).group(1))
+    speedup = float(re.search(r"×(\d+\.\d+)\??\s*speedup vs plain", cards).group(1))
     assert "identical" in cards
-    assert speedup >= 1 or "Slower than plain decoding:" in cards, cards
+    # Faster or slower, a sentence says why; timings a busy machine spoilt are said to be that.
+    why = "Faster than plain decoding:" if speedup >= 1 else "Slower than plain decoding:"
+    assert why in cards or BUSY in cards, cards
 
 
 def test_a_k_typed_past_its_range_is_not_silently_moved(page):
