@@ -79,7 +79,7 @@ def test_answers_go_to_shards_closed_at_their_answer_limit_with_a_manifest(tiny,
         held = shard_records(path)
         assert shard["answer_tokens"] == sum(len(r["answer"]) for r in held)
         assert shard["prompt_tokens"] == sum(r["prompt_tokens"] for r in held) > 0
-        assert shard["fingerprint"] == fingerprint(target.model)
+        assert shard["fingerprint"] == fingerprint(target.model) and shard["seconds"] > 0
         assert shard["decoding"] == {
             "greedy": True,
             "sampled_per_prompt": 0,
@@ -215,12 +215,13 @@ def test_a_shard_left_open_by_a_killed_run_is_closed_with_its_whole_lines(tiny, 
     ]
     store.folder.mkdir()
     killed = ShardWriter(store, "tiny", "an-older-mark", {"greedy": True}, "a machine")
-    assert killed.add(records) == 2  # flushed after the batch
+    assert killed.add(records, 1.0) == 2  # flushed after the batch
     killed.gz.write(b'{"hash":"the next batch, cut off where')  # and the process is gone: no close
     killed.gz.flush(zlib.Z_SYNC_FLUSH)
     assert answer_prompts(target, rows, CFG, store)["answers"] == 6  # the older mark's answers do not count
     first, second = store.manifest()["shards"]
     assert (first["fingerprint"], first["answers"], first["machine"]) == ("an-older-mark", 2, "a machine")
+    assert first["seconds"] is None and second["seconds"] > 0  # the killed run's time was never written
     assert shard_records(store.folder / first["file"]) == records
     assert second["fingerprint"] == fingerprint(target.model) and second["answers"] == 6
     assert not list(store.folder.glob("*.part")) and "open" not in store.manifest()

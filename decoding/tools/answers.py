@@ -20,7 +20,6 @@ import gzip
 import hashlib
 import json
 import os
-import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -163,15 +162,13 @@ def close_unfinished(store: AnswerStore) -> None:
         return
     part = store.folder / (unfinished["file"] + ".part")
     records = whole_lines(part) if part.exists() else []
-    ended = part.stat().st_mtime if part.exists() else time.time()
     part.unlink(missing_ok=True)
     store.write_manifest(manifest)
     if records:
         writer = ShardWriter(store, manifest.get("target", ""), unfinished["fingerprint"],
                              unfinished["decoding"], unfinished.get("machine", ""))  # fmt: skip
-        writer.add(records)
-        writer.opened = unfinished.get("opened", ended)  # the killed run's time, not this copy's
-        writer.close(ended)
+        writer.add(records, None)  # how long the killed run took for them is not known
+        writer.close()
 
 
 class ShardWriter:
@@ -189,16 +186,19 @@ class ShardWriter:
         used = sum(s["bytes"] for s in self.store.manifest()["shards"])
         return used + 1.25 * self.store.shard_bytes <= self.store.total_bytes
 
-    def add(self, records: list[dict]) -> int:
-        """Writes the answers of one batch and says how many: fewer than all once no shard may
-        open for the rest (the shards are full). The stream is flushed after the batch, so a
-        killed run leaves every batch before it readable."""
+    def add(self, records: list[dict], seconds: float | None) -> int:
+        """Writes the answers of one batch, made in `seconds`, and says how many: fewer than all
+        once no shard may open for the rest (the shards are full). The stream is flushed after
+        the batch, so a killed run leaves every batch before it readable."""
         written = 0
         for record in records:
             if self.name is None and not self._open():
                 break
             self.gz.write((json.dumps(record, separators=(",", ":")) + "\n").encode("utf-8"))
             self.records.append(record)
+            self.seconds = (
+                None if seconds is None or self.seconds is None else self.seconds + seconds / len(records)
+            )
             written += 1
             if len(self.records) >= self.store.shard_answers:
                 self.close()
@@ -217,17 +217,17 @@ class ShardWriter:
         if self.name in taken or (self.store.folder / self.name).exists():
             raise SpecLensError(f"{self.store.folder / self.name} exists but is not in the manifest")
         manifest["target"] = manifest.get("target") or self.target
-        self.opened = time.time()
         manifest["open"] = {"file": self.name, "fingerprint": self.fingerprint, "decoding": self.decoding,
-                            "machine": self.machine, "opened": self.opened}  # fmt: skip
+                            "machine": self.machine}  # fmt: skip
         self.store.write_manifest(manifest)
         self.raw = (self.store.folder / (self.name + ".part")).open("wb")
         # mtime 0: the same answers make the same bytes.
         self.gz = gzip.GzipFile(filename="", mode="wb", fileobj=self.raw, compresslevel=9, mtime=0)
         self.records: list[dict] = []
+        self.seconds: float | None = 0.0
         return True
 
-    def close(self, ended: float | None = None) -> None:
+    def close(self) -> None:
         """Closes the open shard (if any) as finished: its name, its manifest entry."""
         if self.name is None:
             return
@@ -237,12 +237,12 @@ class ShardWriter:
         os.replace(part, path)
         manifest = self.store.manifest()
         manifest.pop("open", None)
-        manifest["shards"].append(self._entry(path, (ended or time.time()) - self.opened))
+        manifest["shards"].append(self._entry(path))
         self.store.write_manifest(manifest)
         self.closed_shards.append(self.name)
         self.name = None
 
-    def _entry(self, path: Path, seconds: float) -> dict:
+    def _entry(self, path: Path) -> dict:
         prompts: dict[str, set[str]] = {}
         for r in self.records:
             prompts.setdefault(r["source"], set()).add(r["hash"])
@@ -255,7 +255,8 @@ class ShardWriter:
             "answer_tokens": sum(len(r["answer"]) for r in self.records),
             "fingerprint": self.fingerprint,
             "decoding": self.decoding,
-            "seconds": round(seconds, 1),  # from opening to closing: the answers' generation
+            # The generation time of the answers it holds (each its batch's share); None if unknown.
+            "seconds": None if self.seconds is None else round(self.seconds, 1),
             "machine": self.machine,
             "prompts": {source: sorted(hashes) for source, hashes in sorted(prompts.items())},
         }
