@@ -82,19 +82,22 @@ class AnswerStore:
             raise SpecLensError(f"{path}: not a readable manifest ({exc.msg})") from None
 
     def write_manifest(self, manifest: dict) -> None:
-        """Written whole to a temporary file and moved into place: never half a manifest."""
+        """Written whole to a temporary file and moved into place: never half a manifest. What
+        the shards hold in all and their sources' licences come first, then each shard."""
         shards = manifest["shards"]
-        manifest["totals"] = {
+        totals = {
             key: sum(s[key] for s in shards) for key in ("answers", "prompt_tokens", "answer_tokens", "bytes")
-        } | {"shards": len(shards)}
-        used = {source for s in shards for source in s["prompts"]}
-        manifest["sources"] = {
-            source: SOURCES.get(source, {"origin": source, "licence": "not recorded"})
-            for source in sorted(used)
         }
-        manifest.setdefault("format", FORMAT)
+        used = sorted({source for s in shards for source in s["prompts"]})
+        ordered = {
+            "target": manifest.get("target", ""),
+            "format": FORMAT,
+            "sources": {s: SOURCES.get(s, {"origin": s, "licence": "not recorded"}) for s in used},
+            "totals": totals | {"shards": len(shards)},
+        }
+        ordered |= {"open": manifest["open"]} if "open" in manifest else {}
         temporary = self.folder / (MANIFEST + ".tmp")
-        temporary.write_text(json.dumps(manifest, indent=1) + "\n")
+        temporary.write_text(json.dumps(ordered | {"shards": shards}, indent=1) + "\n")
         os.replace(temporary, self.folder / MANIFEST)
 
     def read(self, fingerprint: str) -> list[dict]:
