@@ -127,7 +127,7 @@ def build_demo() -> gr.Blocks:
         demo.load(None, None, None, js=ON_LOAD_JS)
         settings = sidebar(demo)
         # Every tab stays in sight on a phone: on a screen too narrow for one line they wrap (CSS keeps
-        # five on one line down to 360 px) instead of hiding behind Gradio's "⋯" menu.
+        # them on one line at 390 px) instead of hiding behind Gradio's "⋯" menu.
         with gr.Tabs(overflow_behavior="wrap"):
             with gr.Tab("Explore"):
                 trace_state = explore_tab(demo, settings)
