@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import transformers
 
-from .core.batch import BatchRun, BatchSettings, batch_generate
+from .core.batch import BatchRun, BatchSettings, batch_generate, batch_traces
 from .core.budget import RunStopped
 from .core.graphs import use_graphs
 from .core.plain import StopCheck, autoregressive_generate
@@ -331,6 +331,7 @@ class PreparedBatch:
     draft: Draft
     prompt_ids: list[torch.Tensor]
     eos: set[int]
+    prompts: list[str]
 
 
 def prepare_batch(config: RunConfig, prompts: Sequence[str], sizes: Sequence[int]) -> PreparedBatch:
@@ -357,7 +358,7 @@ def prepare_batch(config: RunConfig, prompts: Sequence[str], sizes: Sequence[int
     draft = build_draft(config.draft, target)
     if draft is None:
         raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
-    return PreparedBatch(config, target, draft, ids, eos_ids(target.model, target.tokenizer))
+    return PreparedBatch(config, target, draft, ids, eos_ids(target.model, target.tokenizer), list(prompts))
 
 
 def _check_batch_memory(target: LoadedModel, size: int, tokens: int) -> None:
@@ -384,3 +385,17 @@ def decode_batch(
     return batch_generate(
         batch.target.model, batch.prompt_ids, settings, batch.draft if speculative else None, policy
     )
+
+
+def batch_run_traces(batch: PreparedBatch, run: BatchRun) -> list[Trace]:
+    """A speculative batched run's sequences, each as a Trace (Replay reads them as any trace)."""
+    c, text = batch.config, token_texts(batch.target.tokenizer)
+    policy = make_policy(c.policy, c.k, c.confidence)
+    metas = [
+        run_meta(PreparedRun(replace(c, prompt=prompt), batch.target, batch.draft, ids, batch.eos, text, None), policy)
+        for prompt, ids in zip(batch.prompts, batch.prompt_ids, strict=True)
+    ]
+    traces = batch_traces(run, metas, text)
+    for trace in traces:
+        trace.output.text = batch.target.tokenizer.decode(trace.output.token_ids, skip_special_tokens=True)
+    return traces

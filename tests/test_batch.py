@@ -26,6 +26,7 @@ from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
 from decoding.tools.batch_bench import BATCH_COLUMNS
 from decoding.tools.cli import main
+from decoding.trace import Trace, validate
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
 
@@ -182,7 +183,7 @@ def test_bench_batch_writes_a_row_per_batch_size(tiny_prompt_set, tmp_path, caps
     out = tmp_path / "out"
     args = ["bench", "--prompts", str(prompts), "--target", str(folder), "--draft", "ngram", "--k", "2"]
     args += ["--batch", "1,2,4", "--max-new-tokens", "12", "--no-chat", "--out", str(out)]
-    assert main(args) == 0
+    assert main([*args, "--trace-dir", str(tmp_path / "traces")]) == 0
     table = pd.read_csv(out / "batch.csv")
     assert list(table["batch"]) == [1, 2, 4]
     assert set(BATCH_COLUMNS) <= set(table.columns)
@@ -192,6 +193,12 @@ def test_bench_batch_writes_a_row_per_batch_size(tiny_prompt_set, tmp_path, caps
     summary = (out / "summary.md").read_text()
     assert "| 4 |" in summary and "num_speculative_tokens_per_batch_size" in summary
     assert "batch 4:" in capsys.readouterr().out
+    # Each sequence of each batch size's run, as a trace Replay reads: its rounds' share of each pass.
+    trace = Trace.load(tmp_path / "traces" / "b4-002.json")
+    validate(trace)
+    assert (trace.meta.batch_size, trace.meta.batch_sequence, trace.meta.prompt) == (4, 2, "x y z x y z x y")
+    assert all(r.pass_rows >= r.drafted + 1 and r.verify_ms <= r.pass_ms for r in trace.rounds)
+    assert len(list((tmp_path / "traces").glob("b*.json"))) == 3 * 4
 
 
 @pytest.mark.parametrize(

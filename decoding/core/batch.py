@@ -14,17 +14,18 @@ sequence's share, and the pass itself is kept whole in `BatchRun.passes`.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..runtime.forward import forward_batch
 from ..settings.policies import Policy
 from ..settings.sampling import Sampling
+from ..trace import RunMeta, Trace
 from .budget import RunStopped
 from .plain import Clock, StopCheck, prefill
 from .proposal import Draft
-from .record import RoundResult
+from .record import RoundResult, record_round
 from .speculative import Decoder, chain_inputs, check_chain, draft_chain, keep_agreed
 from .verify import warp
 
@@ -69,6 +70,7 @@ class BatchRun:
     passes: list[Pass]
     wall_s: float  # the whole run: every prefill and every pass
     prefill_s: float
+    size: int  # sequences decoded together at most
 
 
 @dataclass
@@ -123,7 +125,27 @@ def batch_generate(
         passes,
         clock() - start,
         prefill_s,
+        settings.size,
     )
+
+
+def batch_traces(run: BatchRun, metas: Sequence[RunMeta], token_text: Callable[[int], str]) -> list[Trace]:
+    """Each sequence of a speculative batched run as a Trace (`metas[i]` says its prompt): its rounds
+    as a single run's, each charged its share of the pass that checked it and keeping that pass's
+    rows and time, its wall clock from its prefill's start to its last token."""
+    traces = []
+    for i, meta in enumerate(metas):
+        trace = Trace(meta=replace(meta, batch_size=run.size, batch_sequence=i))
+        for r, p in zip(run.rounds[i], run.round_passes[i], strict=True):
+            rnd = record_round(r, token_text)
+            rnd.draft_ms, rnd.verify_ms, rnd.round_ms = r.draft_s * 1e3, r.verify_s * 1e3, r.round_s * 1e3
+            rnd.pass_rows, rnd.pass_ms = run.passes[p].rows, run.passes[p].ms
+            trace.rounds.append(rnd)
+        trace.output.token_ids = list(run.outputs[i])
+        times = run.token_times_s[i]
+        trace.finish(times[-1] - run.joined_s[i] if times else 0.0)
+        traces.append(trace)
+    return traces
 
 
 def _join(target, prompts, index: int, settings: BatchSettings, draft, policy, now_s: float) -> Request:

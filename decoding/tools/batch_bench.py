@@ -63,6 +63,7 @@ class BatchBenchConfig:
     out: Path | None = Path("benchmarks/latest-batch")
     command: str = ""
     single: bool = True  # at B = 1, time the single-sequence loops beside the batched step
+    trace_dir: Path | None = None  # each batch size's last speculative run, a trace per sequence
 
 
 @dataclass
@@ -109,6 +110,8 @@ def measure_batches(
         _warm_up(batch, max(cfg.sizes), should_stop)
         for size in cfg.sizes:
             m = Measured(size, [_pair(batch, size, should_stop) for _ in range(cfg.repeats)])
+            if cfg.trace_dir is not None:
+                _save_traces(cfg.trace_dir, batch, m)
             if size == 1 and cfg.single:
                 m.single = _single(batch)
             measured.append(m)
@@ -136,6 +139,13 @@ def _pair(batch: PreparedBatch, size: int, should_stop: StopCheck | None) -> tup
         batch.draft.corpus = SuffixCorpus()
     plain = api.decode_batch(batch, size, False, should_stop)
     return plain, api.decode_batch(batch, size, True, should_stop)
+
+
+def _save_traces(folder: Path, batch: PreparedBatch, m: Measured) -> None:
+    """The last speculative run at this batch size, one trace a sequence: `b{B}-{i}.json`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, trace in enumerate(api.batch_run_traces(batch, m.pairs[-1][1])):
+        trace.save(folder / f"b{m.size}-{i:03d}.json")
 
 
 def _single(batch: PreparedBatch) -> tuple[float, float]:

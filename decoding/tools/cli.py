@@ -43,25 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_flags(g)
     g.add_argument("--trace-out", type=Path, help="write the trace JSON here")
 
-    b = sub.add_parser("bench", help="SpecLens vs plain decoding vs Hugging Face, interleaved per prompt")
-    b.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL (category, prompt)")
-    add_run_flags(b, leave_out=("prompt", "baseline"))
-    b.add_argument("--limit", type=int, default=2, help="prompts per category")
-    b.add_argument("--out", type=Path, default=Path("benchmarks/latest"))
-    b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
-    b.add_argument(
-        "--server",
-        help="bench a running vLLM or SGLang instead (http://host:port: its /v1/completions and /metrics)",
-    )
-    b.add_argument(
-        "--batch",
-        type=_sizes,
-        help="batch sizes, e.g. 1,2,4,8,16: plain and speculative decoding of the prompts that many at once "
-        "(continuous batching), side by side at each; writes batch.csv and summary.md",
-    )
-    b.add_argument(
-        "--repeats", type=int, default=1, help="with --batch: runs at each batch size (the spread)"
-    )
+    _add_bench_command(sub)
 
     w = sub.add_parser(
         "sweep",
@@ -93,6 +75,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_command(sub)
     _add_tool_commands(sub)
     return parser
+
+
+def _add_bench_command(sub) -> None:
+    b = sub.add_parser("bench", help="SpecLens vs plain decoding vs Hugging Face, interleaved per prompt")
+    b.add_argument("--prompts", type=Path, required=True, help="Spec-Bench style JSONL (category, prompt)")
+    add_run_flags(b, leave_out=("prompt", "baseline"))
+    b.add_argument("--limit", type=int, default=2, help="prompts per category")
+    b.add_argument("--out", type=Path, default=Path("benchmarks/latest"))
+    b.add_argument("--no-warmup", action="store_true", help="measure the first prompt cold")
+    b.add_argument(
+        "--server",
+        help="bench a running vLLM or SGLang instead (http://host:port: its /v1/completions and /metrics)",
+    )
+    b.add_argument(
+        "--batch",
+        type=_sizes,
+        help="batch sizes, e.g. 1,2,4,8,16: plain and speculative decoding of the prompts that many at once "
+        "(continuous batching), side by side at each; writes batch.csv and summary.md",
+    )
+    b.add_argument(
+        "--repeats", type=int, default=1, help="with --batch: runs at each batch size (the spread)"
+    )
+    b.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="with --batch: each batch size's last speculative run, a trace per sequence",
+    )
 
 
 def _add_compare_command(sub) -> None:
@@ -377,9 +386,9 @@ def _bench(args: argparse.Namespace, command: str) -> int:
     if args.batch:
         if args.repeats < 1:
             raise SpecLensError(f"--repeats must be at least 1, got {args.repeats}")
-        run_batch_bench(
-            BatchBenchConfig(args.prompts, args.batch, run, args.limit, args.repeats, args.out, command)
-        )
+        cfg = BatchBenchConfig(args.prompts, args.batch, run, args.limit, args.repeats, args.out, command)
+        cfg.trace_dir = args.trace_dir
+        run_batch_bench(cfg)
     else:
         run_bench(BenchConfig(args.prompts, run, args.limit, args.out, not args.no_warmup, command))
     print((args.out / "summary.md").read_text())
