@@ -440,7 +440,9 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     concurrency_text = gr.Markdown(elem_id="concurrency-text")
     concurrency_plot = gr.Plot(show_label=False, elem_id="concurrency-plot")
     concurrency = (theory.run_concurrency, [alpha, c, growth, measured], [concurrency_plot, concurrency_text])
-    gr.on([alpha.change, c.change], *concurrency, api_name="concurrency")
+    # The page's chart adds what the Traffic tab measured here for the target, where it did.
+    overlaid = (theory.with_measured_batches, [target, alpha, c, growth, measured], concurrency[2])
+    gr.on([alpha.change, c.change], *concurrency, api_name="concurrency").then(*overlaid, **PRIVATE)
     # The charts open on what the probe measured here for the sidebar's target, where it did.
     opened = gr.on(
         [demo.load, target.change],
@@ -459,7 +461,7 @@ def theory_tab(demo: gr.Blocks, target: gr.components.Component) -> None:
     moved = growth.input(theory.slider_moved, found, [measured, source], **PRIVATE)
     for then in (opened.then, measuring.success, picked.then, moved.then):
         then(*best_gamma, **PRIVATE)
-        then(*concurrency, **PRIVATE)
+        then(*overlaid, **PRIVATE)
         then(*trees, **PRIVATE)
     _simulation(alpha)
 

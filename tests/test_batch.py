@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,9 @@ from conftest import tiny_llama, tiny_model_folder
 from test_heads import random_head
 from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 
+from app.tabs.production import batch_line
+from app.tabs.theory import with_measured_batches
+from decoding import costmodel
 from decoding.core.batch import BatchSettings, batch_generate
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
@@ -24,9 +28,11 @@ from decoding.runtime.forward import forward, forward_batch, new_cache
 from decoding.runtime.rowlinear import use_row_kernel
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
-from decoding.tools.batch_bench import BATCH_COLUMNS
+from decoding.tools.batch_bench import BATCH_COLUMNS, BatchResults, save_measured
 from decoding.tools.cli import main
 from decoding.trace import Trace, validate
+from visualize.batch import draft_kind, engine_configs, why_sentence
+from visualize.charts import batch_figure
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
 
@@ -228,3 +234,79 @@ def test_the_ctypes_structs_match_the_kernels_layout():
         llama._Step.segments.offset, llama._Step.segment.offset, ctypes.sizeof(llama._Attention),
     ]  # fmt: skip
     assert list(out) == expected
+
+
+def test_the_batched_cost_model_gives_tokens_per_round_where_rows_are_free_and_less_where_they_cost():
+    costs = costmodel.BatchCosts(
+        plain_batch=4, batch=4, tokens_per_round=2.0, rows_per_round=3.0, draft_ms=0.0,
+        round_overhead_ms=0.0, step_overhead_ms=0.0, prefill_ms_per_token=0.0,
+    )  # fmt: skip
+    assert costmodel.batched_speedup(costs, lambda n: 20.0) == pytest.approx(2.0)  # a pass costs the same
+    assert costmodel.batched_speedup(costs, lambda n: 5.0 * n) == pytest.approx(2.0 / 3.0)  # rows cost
+    drafting = replace(costs, draft_ms=5.0)  # 4 sequences × 5 ms on a 20 ms pass
+    assert costmodel.batched_speedup(drafting, lambda n: 20.0) == pytest.approx(2.0 * 20 / 40)
+
+
+def test_pass_cost_takes_medians_held_monotone_and_goes_on_along_the_last_slope():
+    v = costmodel.pass_cost([(1, 10.0), (1, 12.0), (1, 50.0), (2, 9.0), (4, 20.0)])
+    assert v(1) == 12.0 and v(2) == 12.0  # the median of 1 row; 2 rows never cheaper than 1
+    assert v(3) == pytest.approx(16.0) and v(6) == pytest.approx(28.0)
+
+
+def test_k_by_batch_size_merges_ranges_and_turns_speculation_off_where_nothing_pays():
+    speedups = {
+        1: {2: 1.4, 4: 1.5},
+        2: {2: 1.2, 4: 1.1},
+        4: {2: 1.1, 4: 0.9},
+        8: {2: 0.8, 4: 0.7},
+        16: {2: 0.6},
+    }
+    ranges = costmodel.k_per_batch_size(speedups)
+    assert ranges == [(1, 1, 4), (2, 7, 2), (8, 1024, 0)]
+    vllm = costmodel.vllm_speculative_config("ngram", ranges)
+    assert vllm["num_speculative_tokens"] == 4 and vllm["num_speculative_tokens_per_batch_size"][-1] == [
+        8,
+        1024,
+        0,
+    ]
+    assert costmodel.sglang_adaptive_config(ranges) == {
+        "1": {"candidate_steps": [4]}, "2": {"candidate_steps": [2]}, "8": {"candidate_steps": [0]}
+    }  # fmt: skip
+    assert costmodel.k_per_batch_size({1: {3: 1.2}, 4: {3: 1.1}}) == [
+        (1, 4, 3)
+    ]  # still paying: no guess beyond
+
+
+def _table() -> pd.DataFrame:
+    rows = [(1, 2, 1.4, 2.2, 2.1), (2, 2, 1.1, 4.4, 2.1), (4, 2, 0.8, 8.8, 2.1)]
+    return pd.DataFrame(
+        [
+            {"batch": b, "k": k, "speedup": s, "speedup_low": s - 0.05, "speedup_high": s + 0.05,
+             "predicted_speedup": s + 0.02, "rows_per_pass": rows_, "tokens_per_round": t}
+            for b, k, s, rows_, t in rows
+        ]
+    )  # fmt: skip
+
+
+def test_the_sentence_says_where_rows_stop_being_free_and_where_speculation_stops_paying():
+    text = why_sentence(_table(), {1: 20.0, 2: 21.0, 4: 24.0, 8: 40.0, 9: 44.0})
+    assert "up to 4 rows" in text and "1 request" in text and "×1.40 at k=2" in text
+    assert "at 4 requests together" in text and "stops paying (×0.80" in text
+    vllm, sglang = engine_configs(_table(), draft_kind("ngram+head@1/2"))
+    assert json.loads(vllm)["method"] == "eagle3" and json.loads(sglang)["4"] == {"candidate_steps": [0]}
+    fig = batch_figure(_table())
+    assert [t.name for t in fig.data][:2] == ["k=2 measured", "k=2 predicted"]
+    assert any(t.text and "stops paying" in t.text[0] for t in fig.data)
+
+
+def test_theory_and_production_show_the_traffic_tabs_measurement_and_say_it_is_measured(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
+    _, before = with_measured_batches("smollm2-135m", 0.5, 0.05, 0.1)
+    assert "Measured**" not in before and batch_line("smollm2-135m") == ""
+    save_measured("smollm2-135m", "ngram", BatchResults(_table(), [(1, 20.0)], 12))
+    fig, text = with_measured_batches("smollm2-135m", 0.5, 0.05, 0.1)
+    assert "**Measured** here on" in text and "×0.80 at B = 4" in text
+    assert "k=2 measured" in [t.name for t in fig.data]
+    assert "num_speculative_tokens_per_batch_size" in batch_line("smollm2-135m")

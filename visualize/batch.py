@@ -21,6 +21,15 @@ VLLM_METHODS = {
 }
 
 
+def draft_kind(spec: str) -> str:
+    """The kind of draft a draft spec names, as VLLM_METHODS keys them."""
+    if spec.startswith("ngram+head"):
+        return "hybrid"
+    if spec.startswith("head"):
+        return "head"
+    return spec if spec in ("ngram", "suffix") else "model"
+
+
 def flat_rows(verify_ms) -> int:
     """The most rows a pass takes for at most FLAT times a one-row pass (checked up to 256)."""
     one = verify_ms(1)
@@ -40,17 +49,17 @@ def why_sentence(table: pd.DataFrame, pass_ms: dict[int, float]) -> str:
     large = losing.iloc[0] if not losing.empty else best.iloc[-1]
     text = (
         f"Here a target pass costs about the same for up to {limit} rows (V({limit}) ≤ {FLAT:g} × V(1)), "
-        f"then grows with them. At {_requests(small.batch)}, a round's check of {small.rows_per_pass:.0f} rows "
-        f"brings {small.tokens_per_round:.2f} tokens a request (×{small.speedup:.2f} at k={small.k})"
+        f"then grows with them. At {_requests(int(small.batch))}, a round's check of {small.rows_per_pass:.0f} rows "
+        f"brings {small.tokens_per_round:.2f} tokens a request (×{small.speedup:.2f} at k={int(small.k)})"
     )
     if large.batch == small.batch:
         return text + "."
     verdict = "so speculation stops paying" if large.speedup < 1.0 else "and speculation still pays"
     return text + (
-        f"; at {_requests(large.batch)}, plain decoding already fills a pass with {large.batch} rows and "
+        f"; at {_requests(int(large.batch))}, plain decoding already fills a pass with {int(large.batch)} rows and "
         f"speculation's {large.rows_per_pass:.0f} rows cost {verify_ms(large.rows_per_pass) / verify_ms(large.batch):.1f} "
         f"times that pass for {large.tokens_per_round:.2f} tokens a request, {verdict} "
-        f"(×{large.speedup:.2f} at its best k, {large.k})."
+        f"(×{large.speedup:.2f} at its best k, {int(large.k)})."
     )
 
 

@@ -540,3 +540,16 @@ def batch_figure(table: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches])
     return _layout(fig, "Speedup against requests decoded together, measured here", "batch size B",
                    "speedup over plain decoding (×)")  # fmt: skip
+
+
+def add_measured_batches(fig: go.Figure, rows: list[dict]) -> go.Figure:
+    """Speedups measured with many requests at once (the Traffic tab's rows: batch, k, speedup), as
+    markers on a concurrency chart, one colour a k as the chart's lines."""
+    palette = plotly.colors.qualitative.Plotly
+    table = pd.DataFrame(rows)
+    for k, part in table.sort_values("batch").groupby("k"):
+        fig.add_scatter(x=part["batch"], y=part["speedup"], mode="markers", name=f"k={k} measured",
+                        marker={"symbol": "diamond", "size": 11, "color": palette[(int(k) - 1) % len(palette)],
+                                "line": {"width": 1, "color": INK}},
+                        hovertemplate="B = %{x}: ×%{y:.2f} measured")  # fmt: skip
+    return fig

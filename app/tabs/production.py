@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pandas as pd
+
 from app.common import (
     download_folder,
     user_errors,
@@ -12,8 +14,10 @@ from app.common import (
 from decoding import costmodel
 from decoding.errors import SpecLensError
 from decoding.tools import metrics
+from decoding.tools.batch_bench import load_measured
 from decoding.tools.probe import measured_verify_ratio
 from decoding.trace import Trace
+from visualize.batch import draft_kind, engine_configs
 from visualize.charts import (
     best_k_figure,
     per_position_figure,
@@ -82,9 +86,23 @@ def production_example(draft_cost: float, verify_growth: float, trace_dict: dict
         return (
             per_position_figure({f"{figures['engine']} deployment": figures["per_position"]}),
             best_k_figure(choice.speedups, choice.best),
-            f"{label}\n\n{production_text(figures, choice, costing, trace)}",
+            f"{label}\n\n{production_text(figures, choice, costing, trace)}{batch_line(trace.meta.target)}",
             str(page),
         )
+
+
+def batch_line(target: str) -> str:
+    """Where the Traffic tab measured this target here with many requests at once: the k by batch
+    size those runs give, said to be measured (the line above is a one-request profile's prediction)."""
+    found = load_measured(target)
+    if found is None:
+        return ""
+    table = pd.DataFrame(found["rows"])
+    vllm, _ = engine_configs(table, draft_kind(found["draft"]))
+    return (
+        f"\n\nWith many requests at once, **measured** on this machine on {found['date'][:10]} (Traffic tab, "
+        f"draft {found['draft']}): `{vllm}`."
+    )
 
 
 def example_verify_cost(trace: Trace, verify_growth: float) -> tuple[Callable[[int], float], str]:

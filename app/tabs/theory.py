@@ -15,8 +15,10 @@ from app.common import (
 from decoding import costmodel
 from decoding.models.loading import load_model
 from decoding.models.paths import check_allowed
+from decoding.tools.batch_bench import load_measured
 from decoding.tools.probe import kept, measure, provenance, verify_ratios
 from visualize.charts import (
+    add_measured_batches,
     concurrency_figure,
     theory_figure,
     tree_theory_figure,
@@ -82,6 +84,31 @@ def run_concurrency(alpha: float, c: float, verify_growth: float, measured: dict
         + (f" {NOT_MEASURED}" if measured is None else "" if measured else f" {B_CHOSEN}")
     )
     return concurrency_figure(table, batches, rows), text
+
+
+def with_measured_batches(
+    target: str, alpha: float, c: float, verify_growth: float, measured: dict | None = None
+):
+    """`run_concurrency`, with what the Traffic tab measured here for `target` where it did: its
+    speedups as markers on the chart, and a sentence saying which figures are measured."""
+    figure, text = run_concurrency(alpha, c, verify_growth, measured)
+    found = load_measured((target or "").strip())
+    if found is None:
+        return figure, text + " The Traffic tab measures it on this machine."
+    add_measured_batches(figure, found["rows"])
+    return figure, text + " " + measured_batches_text(found)
+
+
+def measured_batches_text(found: dict) -> str:
+    """Which figures the Traffic tab measured: when, with which draft, and its speedups by k and B."""
+    by_k: dict[int, list[str]] = {}
+    for r in found["rows"]:
+        by_k.setdefault(int(r["k"]), []).append(f"×{r['speedup']:.2f} at B = {int(r['batch'])}")
+    said = "; ".join(f"k = {k}: {', '.join(v)}" for k, v in sorted(by_k.items()))
+    return (
+        f"**Measured** here on {found['date'][:10]} (Traffic tab, draft {found['draft']}, the markers): {said}. "
+        "The lines stay the prediction from α, c and V(n)."
+    )
 
 
 def concurrency_verdicts(table: dict[int, list[float]], batches: Sequence[int], rows: int | None) -> str:

@@ -25,7 +25,7 @@ from decoding.core.budget import RunStopped
 from decoding.errors import SpecLensError
 from decoding.tools.batch_bench import BatchBenchConfig, BatchResults, measure_batches, save_measured
 from decoding.tools.prompts import read_prompts
-from visualize.batch import engine_configs, why_sentence
+from visualize.batch import draft_kind, engine_configs, why_sentence
 from visualize.charts import batch_figure, note_figure
 from visualize.glossary import header
 
@@ -50,15 +50,6 @@ def plan(settings: dict) -> tuple[RunConfig, list[int], list[int], int]:
     tokens = int(settings["traffic_tokens"])
     fixed = {"prompt": "-", "tree_nodes": 0, "policy": "fixed", "max_new_tokens": tokens, "temperature": 0}
     return make_config(settings | fixed), sizes, ks, per_category
-
-
-def draft_kind(spec: str) -> str:
-    """The kind of draft a spec names, as `visualize.batch.VLLM_METHODS` keys them."""
-    if spec.startswith("ngram+head"):
-        return "hybrid"
-    if spec.startswith("head"):
-        return "head"
-    return spec if spec in ("ngram", "suffix") else "model"
 
 
 @gpu

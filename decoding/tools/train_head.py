@@ -121,8 +121,8 @@ def answer_prompts(model: LoadedModel, rows: list[dict], cfg: TrainConfig, store
     mark = fingerprint(model.model)
     have = {(r["hash"], r["variant"]) for r in store.read(mark)}
     batches = answer_jobs(rows, 1 + cfg.sampled, have, cfg.batch_size)
-    decoding = {"greedy": True, "sampled_per_prompt": cfg.sampled, "max_new_tokens": cfg.answer_tokens,
-                "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
+    decoding = {"path": "batched (decoding/core/batch.py)", "greedy": True, "sampled_per_prompt": cfg.sampled,
+                "max_new_tokens": cfg.answer_tokens, "dtype": str(model.dtype).removeprefix("torch.")}  # fmt: skip
     done = {"answers": 0, "answer_tokens": 0, "seconds": 0.0}
     started = time.monotonic()
     bar = tqdm(total=sum(len(b) for _, b in batches), desc="answers", unit="answer", disable=not batches)
