@@ -250,7 +250,7 @@ def physics_problems(found: dict) -> list[str]:
     """What in a probe's result no quiet machine could time, each in a line; empty when nothing.
 
     Checking n tokens reads the same weights as checking one and does more arithmetic, so V(n)
-    below V(1) beyond both one's noise is a neighbour's load, not the model; so is V(1) far further
+    below V(1) beyond the two's noise is a neighbour's load, not the model; so is V(1) far further
     over its limit than V(2) over the same limit. Older results, without a spread, get NOISE_FLOOR.
     """
     rows = {int(n): row for n, row in found.items() if n.isdigit()}
