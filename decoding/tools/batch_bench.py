@@ -129,14 +129,21 @@ def measure_batches(
 def _warm_up(batch: PreparedBatch, size: int, should_stop: StopCheck | None) -> None:
     """The first calls at each row count pack the kernel's panels and size its buffers: a few tokens
     of every prompt, plain and speculative, at the largest batch, before anything is timed."""
+    _fresh_corpus(batch)
     short = replace(batch, config=replace(batch.config, max_new_tokens=4))
     api.decode_batch(short, size, False, should_stop)
     api.decode_batch(short, size, True, should_stop)
 
 
-def _pair(batch: PreparedBatch, size: int, should_stop: StopCheck | None) -> tuple[BatchRun, BatchRun]:
-    if isinstance(batch.draft, SuffixDraft):  # every speculative run starts from the prompts alone
+def _fresh_corpus(batch: PreparedBatch) -> None:
+    # Suffix decoding starts every run from the prompts alone: no earlier run's text, and nothing
+    # of these runs left in the process's shared corpus.
+    if isinstance(batch.draft, SuffixDraft):
         batch.draft.corpus = SuffixCorpus()
+
+
+def _pair(batch: PreparedBatch, size: int, should_stop: StopCheck | None) -> tuple[BatchRun, BatchRun]:
+    _fresh_corpus(batch)
     plain = api.decode_batch(batch, size, False, should_stop)
     return plain, api.decode_batch(batch, size, True, should_stop)
 
@@ -151,8 +158,7 @@ def _save_traces(folder: Path, batch: PreparedBatch, m: Measured) -> None:
 def _single(batch: PreparedBatch) -> tuple[float, float]:
     """Tokens/s of the single-sequence loops over the same prompts: plain, then speculative."""
     c = batch.config
-    if isinstance(batch.draft, SuffixDraft):
-        batch.draft.corpus = SuffixCorpus()
+    _fresh_corpus(batch)
     plain_tokens = plain_s = spec_tokens = spec_s = 0.0
     for ids in batch.prompt_ids:
         plain = autoregressive_generate(batch.target.model, ids, c.sampling, c.max_new_tokens, batch.eos)
