@@ -103,8 +103,8 @@ def _batch(target, draft, size: int, k: int = 3, sampling: Sampling = Sampling()
 
 @pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_kernel)], ids=["modules", "kernel"])
 def test_every_sequence_of_a_batch_is_its_own_plain_run_for_every_draft_source(kernel):
-    """Greedy, at batch sizes 1 to 5 with sequences joining as others finish: every output is its
-    prompt's plain output, and every sequence's acceptance round by round is what it gets decoding
+    """Greedy, plain at batch sizes 1, 2 and 5 and every draft source at 1 and 3, sequences joining as
+    others finish: every output is its prompt's plain output, and every sequence's acceptance round by round is what it gets decoding
     alone (a head's features sent to the wrong sequence would keep the output and lose acceptance)."""
     target = _kernel_llama(0) if kernel else tiny_llama(seed=0)
     plain = [autoregressive_generate(target, torch.tensor([p]), max_new_tokens=30).token_ids for p in PROMPTS]
@@ -117,7 +117,7 @@ def test_every_sequence_of_a_batch_is_its_own_plain_run_for_every_draft_source(k
             )
             for p in PROMPTS
         ]
-        for size in (1, 2, 5):
+        for size in (1, 3):
             run = _batch(target, draft, size)
             assert run.outputs == plain, (name, size)
             if name != "suffix":  # its corpus holds what the other sequences wrote so far
