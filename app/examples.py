@@ -1,17 +1,40 @@
-"""Example prompts for the UI: a few classroom prompts and Spec-Bench samples."""
+"""Example prompts for the UI: a few classroom prompts, each with the lesson it shows (measured:
+docs/app.md), and Spec-Bench samples."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 
 
+OUTCOMES = {"wins": "Speculation wins", "little": "Wins a little", "loses": "Speculation loses"}
+
+
+@dataclass(frozen=True)
+class ClassroomExample:
+    """A prompt and what a run of it with the default pair shows on a 2-core CPU (docs/app.md)."""
+
+    prompt: str
+    outcome: str  # one of OUTCOMES
+    lesson: str  # why, in a few words
+
+    @property
+    def label(self) -> str:
+        return f"{OUTCOMES[self.outcome]}, {self.lesson}: {self.prompt.splitlines()[0]}"
+
+
 @cache
-def example_prompts(per_category: int = 1) -> list[str]:
-    classroom = json.loads((PROMPTS / "classroom.json").read_text())
+def classroom_examples() -> list[ClassroomExample]:
+    return [ClassroomExample(**row) for row in json.loads((PROMPTS / "classroom.json").read_text())]
+
+
+@cache
+def _specbench(per_category: int) -> list[tuple[str, str]]:
+    """(category, prompt): the first `per_category` of each category that reads well on its own."""
     seen: dict[str, int] = {}
     bench = []
     for line in (PROMPTS / "specbench_dev.jsonl").read_text().splitlines():
@@ -20,5 +43,16 @@ def example_prompts(per_category: int = 1) -> list[str]:
         starts_well = row["prompt"][:1].isupper() or row["prompt"][:1] in "\"'“"
         if seen.get(row["category"], 0) < per_category and len(row["prompt"]) < 3000 and starts_well:
             seen[row["category"]] = seen.get(row["category"], 0) + 1
-            bench.append(row["prompt"])
-    return classroom + bench
+            bench.append((row["category"], row["prompt"]))
+    return bench
+
+
+def example_prompts(per_category: int = 1) -> list[str]:
+    return [e.prompt for e in classroom_examples()] + [p for _, p in _specbench(per_category)]
+
+
+def example_labels(per_category: int = 1) -> list[str]:
+    """What each of `example_prompts` shows on its button: a classroom example's lesson, a
+    Spec-Bench prompt's category."""
+    classroom = [e.label for e in classroom_examples()]
+    return classroom + [f"Spec-Bench, {c.replace('_', ' ')}: {p}" for c, p in _specbench(per_category)]

@@ -19,7 +19,7 @@ from visualize.race import race_html
 from visualize.timeline import empty_timeline_html
 
 from . import common
-from .examples import example_prompts
+from .examples import example_labels, example_prompts
 from .tabs import explore, production, replay, sweep, theory, traffic
 
 CSS_PATH = Path(__file__).resolve().parents[1] / "assets" / "speclens.css"
@@ -249,7 +249,12 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
         compare = gr.Checkbox(value=True, label="Compare with plain decoding", min_width=160)
         run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
         stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
-    gr.Examples([[p] for p in example_prompts()], inputs=prompt, label="Examples (classroom and Spec-Bench)")
+    gr.Examples(
+        [[p] for p in example_prompts()],
+        inputs=prompt,
+        label="Examples (classroom, each with what it shows, and Spec-Bench)",
+        example_labels=example_labels(),
+    )
     status = gr.Markdown(elem_id="run-status", elem_classes="sl-status")
     views = {"timeline": gr.HTML(empty_timeline_html(), elem_id="timeline")}
     with gr.Row():

@@ -3,8 +3,9 @@
     .venv/bin/python -m scripts.screenshots [FOLDER]
 
 Serves the app on a free port of this machine, opens it in Debian's Chromium (Playwright), and
-for each tab saves `<tab>-<theme>-<device>.png`. The app opens on its example run, so Explore
-shows a filled timeline without running a model.
+for each tab saves `<tab>-<theme>-<device>.png`, and `explore-step-<theme>-<device>.png`: Explore's
+step-through at its first round's check stage (the target reading every guess in one pass). The app
+opens on its example run, so Explore shows a filled timeline without running a model.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def open_tab(page, tab: str, phone: bool) -> None:
     page.wait_for_timeout(1500)
 
 
+def shoot_check_stage(page, path: Path, phone: bool) -> None:
+    """Explore's timeline stepped to the first round's check stage."""
+    open_tab(page, "Explore", phone)
+    timeline = page.locator("#timeline")
+    for _ in range(2):  # the draft's guesses, then the one pass that checks them
+        timeline.locator(".sl-step-next").click()
+    page.wait_for_timeout(500)
+    timeline.screenshot(path=path)
+
+
 def shoot(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     demo, url = serve()
@@ -61,6 +72,9 @@ def shoot(folder: Path) -> list[Path]:
                         path = folder / f"{name}-{theme}-{device}.png"
                         page.screenshot(path=path, full_page=device == "desktop")
                         saved.append(path)
+                    path = folder / f"explore-step-{theme}-{device}.png"
+                    shoot_check_stage(page, path, device == "phone")
+                    saved.append(path)
                     context.close()
             browser.close()
     finally:

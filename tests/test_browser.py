@@ -16,6 +16,7 @@ from playwright.sync_api import sync_playwright
 from test_metrics import FakeVLLM, reply, serve
 
 from app import common
+from app.examples import OUTCOMES, classroom_examples
 from decoding.models import load_model
 from decoding.tools.probe import cached, measure
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, validate
@@ -522,6 +523,23 @@ def test_replays_step_through_slider_and_buttons_cover_the_whole_trace(page):
     assert number.input_value() == str(n)
     assert timeline.locator(".sl-round:visible").count() == n
     page.screenshot(path=ARTIFACTS / "replay-step-through.png", full_page=True)
+
+
+def test_the_classroom_examples_say_what_each_shows(page):
+    """Each classroom example's button names what a run of it shows (a win, a loss, and why); a
+    click puts its prompt in the box."""
+    buttons = []
+    for example in classroom_examples():
+        button = page.locator("button", has_text=f"{OUTCOMES[example.outcome]}, {example.lesson}: ")
+        assert button.count() == 1, example.lesson
+        buttons.append(button)
+    winner = next(i for i, e in enumerate(classroom_examples()) if e.outcome == "wins")
+    buttons[winner].click()
+    page.wait_for_function(
+        "([p]) => document.querySelector('#prompt textarea').value === p",
+        arg=[classroom_examples()[winner].prompt],
+        timeout=10_000,
+    )
 
 
 def test_theory_simulation(page):
