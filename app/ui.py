@@ -134,7 +134,7 @@ def build_demo() -> gr.Blocks:
             with gr.Tab("Sweep"):
                 sweep_tab(settings)
             with gr.Tab("Traffic"):
-                traffic_tab(settings)
+                traffic_tab(demo, settings)
             with gr.Tab("Theory"):
                 theory_tab(demo, settings["target"])
             with gr.Tab("Replay"):
@@ -340,7 +340,7 @@ def sweep_tab(settings: dict) -> None:
     )
 
 
-def traffic_tab(settings: dict) -> None:
+def traffic_tab(demo: gr.Blocks, settings: dict) -> None:
     """Plain and speculative decoding of many requests at once, at each batch size and k."""
     gr.Markdown(
         "Does speculation still pay when many requests decode together? Spec-Bench's prompts are decoded "
@@ -380,6 +380,8 @@ def traffic_tab(settings: dict) -> None:
     csv = gr.File(label="Traffic CSV")
     outputs = [plot, why, vllm, sglang, table, csv]
     cleared = {plot: None, why: "*Measuring…*", vllm: "", sglang: "", table: None, csv: None}
+    # The tab opens on what was measured here for the sidebar's target, where it was.
+    gr.on([demo.load, settings["target"].change], traffic.open_measured, settings["target"], outputs, **PRIVATE)
     _while_running(
         button,
         stop,

@@ -365,7 +365,8 @@ def test_replay_examples_and_upload(client):
     )
     n = len(Trace.load(example).rounds)
     assert round_update["maximum"] == n and sentence.startswith("Round 1:")
-    assert timeline.count("data-round=") == 1 and len(figs) == 4
+    # Every round is there for the step-through; those after the first wait hidden.
+    assert timeline.count("data-round=") == n and timeline.count("sl-later") == n - 1 and len(figs) == 4
     _, timeline, sentence, *_ = client.predict(handle_file(str(example)), None, api_name="/replay")
     assert sentence.startswith("Round 1:")
     with pytest.raises(Exception, match="upload a trace"):
