@@ -19,7 +19,7 @@ from playwright.sync_api import sync_playwright
 from app.ui import build_demo, launch_options
 
 ROOT = Path(__file__).resolve().parents[1]
-TABS = ("Explore", "Sweep", "Theory", "Replay", "Production")
+TABS = ("Explore", "Sweep", "Traffic", "Theory", "Replay", "Production")
 VIEWPORTS = {"desktop": (1400, 900), "phone": (390, 844)}
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 

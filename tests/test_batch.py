@@ -16,6 +16,7 @@ from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
 
 from app.tabs.production import batch_line
 from app.tabs.theory import with_measured_batches
+from app.tabs.traffic import open_measured
 from decoding import costmodel
 from decoding.core.batch import BatchSettings, batch_generate
 from decoding.core.plain import autoregressive_generate
@@ -305,7 +306,12 @@ def test_theory_and_production_show_the_traffic_tabs_measurement_and_say_it_is_m
     monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
     _, before = with_measured_batches("smollm2-135m", 0.5, 0.05, 0.1)
     assert "Measured**" not in before and batch_line("smollm2-135m") == ""
+    assert "Nothing measured yet" in open_measured("smollm2-135m")[1]
     save_measured("smollm2-135m", "ngram", BatchResults(_table(), [(1, 20.0)], 12))
+    save_measured("smollm2-135m", "ngram", BatchResults(_table().assign(k=4), [(5, 22.0)], 12))
+    figure, said, vllm, _, shown, _ = open_measured("smollm2-135m")
+    assert said.startswith("**Kept from") and "num_speculative_tokens_per_batch_size" in vllm
+    assert sorted(set(shown["k"])) == [2, 4] and len(shown) == 6  # a second k's rows join the first's
     fig, text = with_measured_batches("smollm2-135m", 0.5, 0.05, 0.1)
     assert "**Measured** here on" in text and "×0.80 at B = 4" in text
     assert "k=2 measured" in [t.name for t in fig.data]

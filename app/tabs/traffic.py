@@ -23,7 +23,13 @@ from app.common import (
 from decoding.api import RunConfig, prepare_batch
 from decoding.core.budget import RunStopped
 from decoding.errors import SpecLensError
-from decoding.tools.batch_bench import BatchBenchConfig, BatchResults, measure_batches, save_measured
+from decoding.tools.batch_bench import (
+    BatchBenchConfig,
+    BatchResults,
+    load_measured,
+    measure_batches,
+    save_measured,
+)
 from decoding.tools.prompts import read_prompts
 from visualize.batch import draft_kind, engine_configs, why_sentence
 from visualize.charts import batch_figure, note_figure
@@ -90,18 +96,34 @@ def run_traffic(settings: dict, progress: gr.Progress = gr.Progress(), request: 
             return _nothing(stopped or "stopped")
         measured = BatchResults(pd.concat(tables, ignore_index=True), passes, results.prompts)
         save_measured(config.target, config.draft, measured)
-        return _views(measured, config, stopped)
+        return _views(measured.table, measured.pass_ms_by_rows(), config.draft, stopped)
 
 
-def _views(measured: BatchResults, config: RunConfig, stopped: str | None) -> tuple:
-    table = measured.table
-    vllm, sglang = engine_configs(table, draft_kind(config.draft))
-    said = why_sentence(table, measured.pass_ms_by_rows())
+def open_measured(target: str) -> tuple:
+    """What was measured here for the sidebar's target, where it was: the tab opens on it."""
+    found = load_measured((target or "").strip())
+    if found is None:
+        return (
+            None,
+            "*Nothing measured yet for this target on this machine: press Measure.*",
+            "",
+            "",
+            None,
+            None,
+        )
+    intro = f"**Kept from {found['date'][:10]}** (draft {found['draft']}): "
+    figure, said, *rest = _views(pd.DataFrame(found["rows"]), found["pass_ms_by_rows"], found["draft"], None)
+    return figure, intro + said, *rest
+
+
+def _views(table: pd.DataFrame, pass_ms: dict[int, float], draft: str, stopped: str | None) -> tuple:
+    vllm, sglang = engine_configs(table, draft_kind(draft))
+    said = why_sentence(table, pass_ms)
     if stopped:
         said = f"**{stopped[:1].upper()}{stopped[1:]}**: the sizes and k values measured before it. " + said
     csv = download_folder() / "traffic.csv"
     table.to_csv(csv, index=False)
-    shown = table[SHOWN].round(3).rename(columns=header)
+    shown = table[[c for c in SHOWN if c in table]].round(3).rename(columns=header)  # older files hold fewer
     return batch_figure(table), said, vllm, sglang, shown, str(csv)
 
 

@@ -82,6 +82,7 @@ def run_batch_bench(
     measured = measure_batches(cfg, say, should_stop)
     if cfg.out is not None:
         write_batch_results(cfg, measured)
+    save_measured(cfg.run.target, cfg.run.draft, measured)  # the app's Traffic, Theory and Production show it
     return measured.table
 
 
@@ -316,16 +317,25 @@ def measured_file(target: str) -> Path:
 
 
 def save_measured(target: str, draft: str, results: BatchResults) -> None:
-    path = measured_file(target)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Keep a batched measurement for `target` here. Rows of the k values measured replace the kept
+    ones; the kept rows of other k stay where the draft is the same."""
+    rows = results.table.to_dict("records")
+    pass_ms = results.pass_ms_by_rows()
+    kept = load_measured(target)
+    if kept is not None and kept["draft"] == draft:
+        ks = {int(r["k"]) for r in rows}
+        rows = [r for r in kept["rows"] if int(r["k"]) not in ks] + rows
+        pass_ms = kept["pass_ms_by_rows"] | pass_ms
     data = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "target": target,
         "draft": draft,
-        "rows": results.table.to_dict("records"),
-        "pass_ms_by_rows": results.pass_ms_by_rows(),
+        "rows": sorted(rows, key=lambda r: (int(r["k"]), int(r["batch"]))),
+        "pass_ms_by_rows": {str(n): ms for n, ms in sorted(pass_ms.items())},
     }
+    path = measured_file(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
 
 
