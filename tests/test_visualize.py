@@ -807,6 +807,12 @@ def test_without_a_plain_run_the_check_stage_uses_the_runs_own_one_token_passes(
     assert all("data-check=" in r for r in rows[:3]) and "data-check=" not in rows[3]
 
 
+def test_a_simulated_round_is_read_in_one_pass_with_no_time_claimed():
+    trace = simulate_trace(0.7, 3, 4, seed=1)
+    assert check_stage(trace.rounds[0], plain_step(trace)) == "the target reads all 3 guesses in one pass."
+    assert "sl-pass" not in timeline_html(trace) and "data-check=" in timeline_html(trace)
+
+
 def test_the_verdict_stage_gives_every_verdict_of_the_pass_at_once():
     first, second, third = hand_made().rounds
     assert verdicts_stage(first) == (

@@ -187,12 +187,13 @@ def _round_html(
         shape += f" · by {SOURCE_LABELS.get(rnd.source, rnd.source)}"
     nodes = f' data-tree-nodes="{len(rnd.tree)}"' if rnd.tree else ""
     stages = _stage_attrs(rnd, plain) if rnd.drafted else ""
+    drawn = pass_html(rnd, plain) if rnd.drafted and rnd.verify_ms else ""
     sentence = explain_round(rnd, index, greedy, at_limit) + template_copy_note(rnd, prompt_texts, typed)
     return (
         f'<div class="{cls}" data-round="{index}"{nodes}{stages}>'
         f'<span class="sl-label">#{index + 1} · {shape}{timing}</span>'
         f'<span class="sl-chips">{"".join(chips)}</span>'
-        f"{pass_html(rnd, plain) if rnd.drafted else ''}"
+        f"{drawn}"
         f'<div class="sl-explain">{escape(sentence)}</div>'
         "</div>"
     )
@@ -317,6 +318,8 @@ def check_stage(rnd: Round, plain: PlainStep | None) -> str:
         if d == 1
         else f"all {d} guesses"
     )
+    if not rnd.verify_ms:  # a simulated round: no model, no time
+        return f"the target reads {read} in one pass."
     text = f"the target reads {read} in one pass: {_ms(rnd.verify_ms)}."
     if plain is None:
         return text + " (No plain step was measured in this run to set it against.)"
