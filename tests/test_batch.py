@@ -32,7 +32,7 @@ from decoding.settings.sampling import Sampling
 from decoding.tools.batch_bench import BATCH_COLUMNS, BatchResults, save_measured
 from decoding.tools.cli import main
 from decoding.trace import Trace, validate
-from visualize.batch import draft_kind, engine_configs, why_sentence
+from visualize.batch import busy_note, draft_kind, engine_configs, spread_note, why_sentence
 from visualize.charts import batch_figure
 
 needs_kernel = pytest.mark.skipif(rowlinear.library() is None, reason="the kernel did not build here")
@@ -292,12 +292,31 @@ def _table() -> pd.DataFrame:
 def test_the_sentence_says_where_rows_stop_being_free_and_where_speculation_stops_paying():
     text = why_sentence(_table(), {1: 20.0, 2: 21.0, 4: 24.0, 8: 40.0, 9: 44.0})
     assert "up to 4 rows" in text and "1 request" in text and "×1.40 at k=2" in text
-    assert "at 4 requests together" in text and "stops paying (×0.80" in text
+    assert "at 4 requests together" in text and "speculation does not pay (×0.80" in text
     vllm, sglang = engine_configs(_table(), draft_kind("ngram+head@1/2"))
     assert json.loads(vllm)["method"] == "eagle3" and json.loads(sglang)["4"] == {"candidate_steps": [0]}
     fig = batch_figure(_table())
     assert [t.name for t in fig.data][:2] == ["k=2 measured", "k=2 predicted"]
-    assert any(t.text and "stops paying" in t.text[0] for t in fig.data)
+    assert [t.x[0] for t in fig.data if t.text and "off from here" in t.text[0]] == [4]
+    # A smallest batch that already loses still has the larger ones said; rows never free said plainly.
+    losing = _table().assign(speedup=[0.8, 1.1, 0.9])
+    text = why_sentence(losing, {1: 20.0, 2: 30.0, 4: 60.0})
+    assert "even 2 rows cost more" in text and "at 4 requests together" in text
+    assert [t.x[0] for t in batch_figure(losing).data if t.text] == [4]  # the dip at 1 came back above 1
+    off = _table().assign(speedup=[0.9, 0.8, 0.7])
+    assert engine_configs(off, "ngram")[0].startswith("speculation paid at no batch size measured (1, 2, 4)")
+
+
+def test_a_batched_table_says_when_the_machine_was_busy_or_the_spread_decides_nothing():
+    quiet = _table().assign(tokens_per_s_plain=[10.0, 19.0, 36.0])
+    passes = {1: 20.0, 2: 21.0, 4: 22.0}
+    assert busy_note(quiet, passes) == ""
+    busy = quiet.assign(tokens_per_s_plain=[10.0, 10.5, 11.0])  # batching gave nothing its passes allow
+    assert "plain decoding at batch 4 ran 1.1 times" in busy_note(busy, passes)
+    assert "above its tokens a round" in busy_note(quiet.assign(speedup=[2.5, 1.1, 0.8]), passes)
+    assert "within the noise" in spread_note(_table().assign(speedup_low=[1.3, 0.95, 0.7]))
+    once = _table().assign(speedup_low=lambda t: t["speedup"], speedup_high=lambda t: t["speedup"])
+    assert "ran once" in spread_note(once)
 
 
 def test_theory_and_production_show_the_traffic_tabs_measurement_and_say_it_is_measured(
@@ -305,7 +324,7 @@ def test_theory_and_production_show_the_traffic_tabs_measurement_and_say_it_is_m
 ):
     monkeypatch.setenv("SPECLENS_CACHE", str(tmp_path))
     _, before = with_measured_batches("smollm2-135m", 0.5, 0.05, 0.1)
-    assert "Measured**" not in before and batch_line("smollm2-135m") == ""
+    assert "Measured**" not in before and batch_line("smollm2-135m", "ngram") == ""
     assert "Nothing measured yet" in open_measured("smollm2-135m")[1]
     save_measured("smollm2-135m", "ngram", BatchResults(_table(), [(1, 20.0)], 12))
     save_measured("smollm2-135m", "ngram", BatchResults(_table().assign(k=4), [(5, 22.0)], 12))
@@ -315,4 +334,5 @@ def test_theory_and_production_show_the_traffic_tabs_measurement_and_say_it_is_m
     fig, text = with_measured_batches("smollm2-135m", 0.5, 0.05, 0.1)
     assert "**Measured** here on" in text and "×0.80 at B = 4" in text
     assert "k=2 measured" in [t.name for t in fig.data]
-    assert "num_speculative_tokens_per_batch_size" in batch_line("smollm2-135m")
+    assert "num_speculative_tokens_per_batch_size" in batch_line("smollm2-135m", "ngram")
+    assert batch_line("smollm2-135m", "head") == ""  # another pair's measurement says nothing of this one

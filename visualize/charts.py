@@ -529,11 +529,13 @@ def batch_figure(table: pd.DataFrame) -> go.Figure:
         fig.add_trace(measured)
         fig.add_scatter(x=rows["batch"], y=rows["predicted_speedup"], mode="lines", name=f"k={k} predicted",
                         line={"color": color, "dash": "dash"}, legendgroup=str(k))  # fmt: skip
-        losing = rows[rows["speedup"] < 1.0]
-        if not losing.empty:
-            first = losing.iloc[0]
+        # Where it falls below ×1 and stays there: a dip that comes back is not where it stops paying.
+        paying = rows["speedup"] >= 1.0
+        after = len(paying) - paying[::-1].values.argmax() if paying.any() else 0
+        if after < len(rows):
+            first = rows.iloc[after]
             fig.add_scatter(x=[first["batch"]], y=[first["speedup"]], mode="markers+text", showlegend=False,
-                            text=[f"k={k} stops paying"], textposition="bottom center", legendgroup=str(k),
+                            text=[f"k={k}: off from here"], textposition="top right", legendgroup=str(k),
                             marker={"size": 13, "symbol": "x", "color": color})  # fmt: skip
     fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
     batches = sorted(table["batch"].unique())

@@ -86,22 +86,25 @@ def production_example(draft_cost: float, verify_growth: float, trace_dict: dict
         return (
             per_position_figure({f"{figures['engine']} deployment": figures["per_position"]}),
             best_k_figure(choice.speedups, choice.best),
-            f"{label}\n\n{production_text(figures, choice, costing, trace)}{batch_line(trace.meta.target)}",
+            f"{label}\n\n{production_text(figures, choice, costing, trace)}{batch_line(trace.meta.target, trace.meta.draft)}",
             str(page),
         )
 
 
-def batch_line(target: str) -> str:
-    """Where the Traffic tab measured this target here with many requests at once: the k by batch
-    size those runs give, said to be measured (the line above is a one-request profile's prediction)."""
+def batch_line(target: str, draft: str) -> str:
+    """Where the Traffic tab measured this target and draft here with many requests at once: the k by
+    batch size those runs give, said to be measured with many requests (the line above is a
+    one-request profile's prediction)."""
     found = load_measured(target)
-    if found is None:
+    if found is None or found["draft"] != draft:
         return ""
     table = pd.DataFrame(found["rows"])
-    vllm, _ = engine_configs(table, draft_kind(found["draft"]))
+    vllm, _ = engine_configs(table, draft_kind(draft))
+    sizes = ", ".join(str(int(b)) for b in sorted(set(table["batch"])))
     return (
-        f"\n\nWith many requests at once, **measured** on this machine on {found['date'][:10]} (Traffic tab, "
-        f"draft {found['draft']}): `{vllm}`."
+        f"\n\nWith many requests at once the answer changes: **measured** on this machine on {found['date'][:10]} "
+        f"(Traffic tab, batch sizes {sizes}, k = {', '.join(str(int(k)) for k in sorted(set(table['k'])))}), "
+        f"this pair's draft length by batch size is `{' '.join(vllm.split())}`."
     )
 
 

@@ -31,7 +31,7 @@ from decoding.tools.batch_bench import (
     save_measured,
 )
 from decoding.tools.prompts import read_prompts
-from visualize.batch import draft_kind, engine_configs, why_sentence
+from visualize.batch import busy_note, draft_kind, engine_configs, spread_note, why_sentence
 from visualize.charts import batch_figure, note_figure
 from visualize.glossary import header
 
@@ -76,14 +76,25 @@ def run_traffic(settings: dict, progress: gr.Progress = gr.Progress(), request: 
     with user_errors(), session_budget(request) as budget:
         config, sizes, ks, per_category = plan(settings)
         tables, passes, stopped = [], [], None
-        for i, k in enumerate(ks):
-            progress(i / len(ks), desc=f"k = {k}: plain and speculative decoding at each batch size")
-            repeats = int(settings["traffic_repeats"])
+        steps = iter(range(1, len(ks) * len(sizes) + 1))
+        for k in ks:
+            progress(0 if not tables else len(tables) / len(ks), desc=f"k = {k}, batch {sizes[0]}")
+
+            def say(line: str, k: int = k) -> None:  # after each batch size: "batch B: ..."
+                done = next(steps, 0)
+                progress(done / (len(ks) * len(sizes)), desc=f"k = {k}: {line.split(':')[0]} measured")
+
             cfg = BatchBenchConfig(
-                PROMPTS, sizes, replace(config, k=k), per_category, repeats, None, single=False
+                PROMPTS,
+                sizes,
+                replace(config, k=k),
+                per_category,
+                int(settings["traffic_repeats"]),
+                None,
+                single=False,
             )
             try:
-                results = measure_batches(cfg, say=lambda _: None, should_stop=budget)
+                results = measure_batches(cfg, say=say, should_stop=budget)
             except RunStopped as stop:
                 stopped = str(stop)
                 break
@@ -118,7 +129,9 @@ def open_measured(target: str) -> tuple:
 
 def _views(table: pd.DataFrame, pass_ms: dict[int, float], draft: str, stopped: str | None) -> tuple:
     vllm, sglang = engine_configs(table, draft_kind(draft))
-    said = why_sentence(table, pass_ms)
+    said = " ".join(x for x in (why_sentence(table, pass_ms), spread_note(table)) if x)
+    if busy := busy_note(table, pass_ms):
+        said = f"**The machine was busy; these timings are not trustworthy** ({busy}). " + said
     if stopped:
         said = f"**{stopped[:1].upper()}{stopped[1:]}**: the sizes and k values measured before it. " + said
     csv = download_folder() / "traffic.csv"
