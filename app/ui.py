@@ -383,7 +383,9 @@ def traffic_tab(demo: gr.Blocks, settings: dict) -> None:
     outputs = [plot, why, vllm, sglang, table, csv]
     cleared = {plot: None, why: "*Measuring…*", vllm: "", sglang: "", table: None, csv: None}
     # The tab opens on what was measured here for the sidebar's target, where it was.
-    gr.on([demo.load, settings["target"].change], traffic.open_measured, settings["target"], outputs, **PRIVATE)
+    gr.on(
+        [demo.load, settings["target"].change], traffic.open_measured, settings["target"], outputs, **PRIVATE
+    )
     _while_running(
         button,
         stop,

@@ -392,7 +392,10 @@ def batch_run_traces(batch: PreparedBatch, run: BatchRun) -> list[Trace]:
     c, text = batch.config, token_texts(batch.target.tokenizer)
     policy = make_policy(c.policy, c.k, c.confidence)
     metas = [
-        run_meta(PreparedRun(replace(c, prompt=prompt), batch.target, batch.draft, ids, batch.eos, text, None), policy)
+        run_meta(
+            PreparedRun(replace(c, prompt=prompt), batch.target, batch.draft, ids, batch.eos, text, None),
+            policy,
+        )
         for prompt, ids in zip(batch.prompts, batch.prompt_ids, strict=True)
     ]
     traces = batch_traces(run, metas, text)
