@@ -81,6 +81,7 @@ def test_answers_go_to_shards_closed_at_their_answer_limit_with_a_manifest(tiny,
         assert shard["prompt_tokens"] == sum(r["prompt_tokens"] for r in held) > 0
         assert shard["fingerprint"] == fingerprint(target.model) and shard["seconds"] > 0
         assert shard["decoding"] == {
+            "path": "batched (decoding/core/batch.py)",
             "greedy": True,
             "sampled_per_prompt": 0,
             "max_new_tokens": 12,

@@ -259,7 +259,7 @@ class ShardWriter:
             "fingerprint": self.fingerprint,
             "decoding": self.decoding,
             # The generation time of the answers it holds (each its batch's share); None if unknown.
-            "seconds": None if self.seconds is None else round(self.seconds, 1),
+            "seconds": None if self.seconds is None else round(self.seconds, 3),
             "machine": self.machine,
             "prompts": {source: sorted(hashes) for source, hashes in sorted(prompts.items())},
         }

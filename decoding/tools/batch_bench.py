@@ -36,6 +36,8 @@ BATCH_COLUMNS = [
     "k",
     "tokens_per_s_plain",
     "tokens_per_s_speculative",
+    "decode_tokens_per_s_plain",
+    "decode_tokens_per_s_speculative",
     "speedup",
     "speedup_low",
     "speedup_high",
@@ -176,6 +178,11 @@ def _tps(run: BatchRun) -> float:
     return sum(len(o) for o in run.outputs) / run.wall_s
 
 
+def _decode_tps(run: BatchRun) -> float:
+    """Tokens/s without the prefills: what the passes (and drafting) deliver once prompts are in."""
+    return sum(len(o) for o in run.outputs) / (run.wall_s - run.prefill_s)
+
+
 def _ms_per_token(run: BatchRun) -> list[float]:
     """Each sequence's wait per token: from its prefill's start to its last token, by its tokens."""
     return [
@@ -200,6 +207,8 @@ def _row(m: Measured, k: int, verify_ms: Callable[[float], float]) -> dict:
         "k": k,
         "tokens_per_s_plain": statistics.median(_tps(plain) for plain, _ in m.pairs),
         "tokens_per_s_speculative": statistics.median(_tps(spec) for _, spec in m.pairs),
+        "decode_tokens_per_s_plain": statistics.median(_decode_tps(plain) for plain, _ in m.pairs),
+        "decode_tokens_per_s_speculative": statistics.median(_decode_tps(spec) for _, spec in m.pairs),
         "speedup": statistics.median(speedups),
         "speedup_low": min(speedups),
         "speedup_high": max(speedups),
@@ -280,13 +289,14 @@ def summary_markdown(df: pd.DataFrame, meta: dict) -> str:
         f"{meta['date'][:10]}"
     )
     lines = [
-        "| batch | plain tok/s | speculative tok/s | speedup (range) | predicted | ms/token p50 / p95 "
+        "| batch | plain tok/s (decode) | speculative tok/s (decode) | speedup (range) | predicted | ms/token p50 / p95 "
         "| plain ms/token p50 / p95 | tokens/round | rows/pass | identical |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in df.itertuples():
         lines.append(
-            f"| {r.batch} | {r.tokens_per_s_plain:.1f} | {r.tokens_per_s_speculative:.1f} "
+            f"| {r.batch} | {r.tokens_per_s_plain:.1f} ({r.decode_tokens_per_s_plain:.1f}) "
+            f"| {r.tokens_per_s_speculative:.1f} ({r.decode_tokens_per_s_speculative:.1f}) "
             f"| ×{r.speedup:.2f} ({r.speedup_low:.2f}–{r.speedup_high:.2f}) | ×{r.predicted_speedup:.2f} "
             f"| {r.ms_per_token_p50:.1f} / {r.ms_per_token_p95:.1f} "
             f"| {r.ms_per_token_p50_plain:.1f} / {r.ms_per_token_p95_plain:.1f} | {r.tokens_per_round:.2f} "
