@@ -359,9 +359,11 @@ def traffic_tab(demo: gr.Blocks, settings: dict) -> None:
         inputs["ks"] = gr.CheckboxGroup(list(range(1, 7)), value=[2, 4], label="k", elem_id="batch-ks")
     with gr.Row():
         inputs["per_category"] = gr.Slider(
-            1, 12, value=2, step=1, label="Prompts per category (6 categories)"
+            1, 12, value=2, step=1, label="Prompts per category (6 categories)", elem_id="batch-per-category"
         )
-        inputs["traffic_tokens"] = gr.Slider(8, 256, value=32, step=8, label="New tokens per request")
+        inputs["traffic_tokens"] = gr.Slider(
+            8, 256, value=32, step=8, label="New tokens per request", elem_id="batch-tokens"
+        )
         inputs["traffic_repeats"] = gr.Slider(1, 5, value=1, step=1, label="Repeats")
     with gr.Row():
         button = gr.Button("Measure", variant="primary", elem_id="traffic-run")
