@@ -77,6 +77,8 @@ def load_replay(upload: str | None, example: str | None):
 
 
 def replay_views(trace: Trace, round_no: int) -> tuple:
+    """The trace up to the chosen round (the rounds after it there but hidden, so the step-through
+    covers the whole trace and moves the slider), its sentence and its tree."""
     i = min(max(round_no, 1), len(trace.rounds)) - 1
     timeline = timeline_html(trace, selected=i, built_up=True)
     return timeline, round_sentence_markdown(trace, i), tree_view(trace.rounds[i], i)
@@ -86,5 +88,3 @@ def replay_step(trace_dict: dict | None, round_no: float):
     if not trace_dict:
         return empty_timeline_html("Load a trace first."), "", tree_view(None)
     return replay_views(Trace.from_dict(trace_dict), int(round_no))
-    """The trace up to the chosen round (the rounds after it there but hidden, so the step-through
-    covers the whole trace and moves the slider), its sentence and its tree."""
