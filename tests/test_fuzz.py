@@ -74,8 +74,12 @@ class TagCollector(HTMLParser):
     def handle_starttag(self, tag, attrs):
         self.tags.add(tag)
         self.attrs.update(name for name, _ in attrs)
-        # The only inline style is an entropy bar's height, a number the page computes.
-        assert all(re.fullmatch(r"height:\d+px", value) for name, value in attrs if name == "style"), attrs
+        # The only inline styles are an entropy bar's height and a pass bar's width: numbers the page computes.
+        assert all(
+            re.fullmatch(r"height:\d+px|width:\d+(\.\d+)?%", value)
+            for name, value in attrs
+            if name == "style"
+        ), attrs
 
 
 def render_or_refuse(text: str) -> None:
@@ -105,6 +109,8 @@ def render_or_refuse(text: str) -> None:
         "data-copy",
         "data-key",
         "data-pos",
+        "data-check",  # the step-through's stage texts, escaped (timeline._stage_attrs)
+        "data-verdicts",
         "open",
         "style",
     }, found.attrs

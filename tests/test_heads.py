@@ -613,7 +613,7 @@ def test_a_conversation_trains_on_what_its_assistant_wrote(tmp_path):
     words = tok.decode(ids[answer]).split()  # the end-of-turn marker is unknown words to this tokenizer
     assert [w for w in words if w != "<unk>"] == ["d", "e", "g", "h", "i"] and words[-1] == "<unk>"
     rows = [{"prompt": "a b c", "messages": messages}, {"prompt": "z"}]
-    answers = [{"prompt": 1, "variant": 0, "ids": tok("z y x")["input_ids"]}]
+    answers = [{"prompt": 1, "variant": 0, "ids": tok("z y x")["input_ids"], "prompt_len": 1}]
     data = training_sequences(tok, rows, answers, max_len=8)
     windows = [d for d in data if d["prompt"] == 0]
     starts = range(0, len(ids) - 1, 8)
