@@ -308,10 +308,12 @@ def test_the_sentence_says_where_rows_stop_being_free_and_where_speculation_stop
 
 
 def test_a_batched_table_says_when_the_machine_was_busy_or_the_spread_decides_nothing():
-    quiet = _table().assign(tokens_per_s_plain=[10.0, 19.0, 36.0])
+    quiet = _table().assign(decode_tokens_per_s_plain=[10.0, 19.0, 36.0])
     passes = {1: 20.0, 2: 21.0, 4: 22.0}
     assert busy_note(quiet, passes) == ""
-    busy = quiet.assign(tokens_per_s_plain=[10.0, 10.5, 11.0])  # batching gave nothing its passes allow
+    busy = quiet.assign(
+        decode_tokens_per_s_plain=[10.0, 10.5, 11.0]
+    )  # batching gave nothing its passes allow
     assert "plain decoding at batch 4 ran 1.1 times" in busy_note(busy, passes)
     assert "above its tokens a round" in busy_note(quiet.assign(speedup=[2.5, 1.1, 0.8]), passes)
     assert "within the noise" in spread_note(_table().assign(speedup_low=[1.3, 0.95, 0.7]))

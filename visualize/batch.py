@@ -77,10 +77,11 @@ def busy_note(table: pd.DataFrame, pass_ms: dict[int, float]) -> str:
         return ""
     if (table["speedup"] > table["tokens_per_round"] * 1.1).any():
         return "a speedup above its tokens a round"
-    if "tokens_per_s_plain" not in table or len(pass_ms) < 2:
+    # Decode tokens/s only: the prefills, the same at every batch size, would hide what the passes do.
+    if "decode_tokens_per_s_plain" not in table or len(pass_ms) < 2:
         return ""
     verify_ms = costmodel.pass_cost(list(pass_ms.items()))
-    plain = table.groupby("batch")["tokens_per_s_plain"].median()
+    plain = table.groupby("batch")["decode_tokens_per_s_plain"].median()
     one = plain.get(min(plain.index))
     for b, tps in plain.items():
         allowed = b * verify_ms(1) / verify_ms(b)  # what the passes alone allow, over one row's rate
