@@ -343,6 +343,23 @@ struct Attention {
 
 static const int kHeadsTogether = 4;  // at most: G x 4 accumulators of 32 registers
 
+// attend_heads for 1 to kHeadsTogether heads sharing their keys: the count picks the instance.
+static void attend_group(int64_t heads, const float* q, int64_t q_head, const float* k, int64_t k_stride,
+                         const float* v, int64_t v_stride, float* out, int64_t L, int64_t d, float scale,
+                         int64_t row, int64_t past, const Mask& mask, float* scores) {
+  switch (heads) {
+#define SPECLENS_ATTEND(G)                                                                              \
+  case G:                                                                                                \
+    attend_heads<G>(q, q_head, k, k_stride, v, v_stride, out, L, d, scale, row, past, mask, scores); \
+    break;
+    SPECLENS_ATTEND(1)
+    SPECLENS_ATTEND(2)
+    SPECLENS_ATTEND(3)
+    SPECLENS_ATTEND(4)
+#undef SPECLENS_ATTEND
+  }
+}
+
 static void attention_rows(const Attention& a) {
   const int64_t group = a.heads / a.kv_heads, past = a.L - a.n;
   const int64_t together = std::min<int64_t>(group, kHeadsTogether);
@@ -356,18 +373,7 @@ static void attention_rows(const Attention& a) {
     const int64_t heads = std::min(together, g * group + group - h0);
     const float *q = a.q + r * a.q_row + h0 * a.q_head, *k = a.k + g * a.k_head, *v = a.v + g * a.v_head;
     float* out = a.out + (r * a.heads + h0) * a.d;
-    switch (heads) {
-#define SPECLENS_ATTEND(G)                                                                                   \
-  case G:                                                                                                     \
-    attend_heads<G>(q, a.q_head, k, a.k_stride, v, a.v_stride, out, a.L, a.d, a.scale, r, past, a.mask, \
-                    scores);                                                                           \
-    break;
-      SPECLENS_ATTEND(1)
-      SPECLENS_ATTEND(2)
-      SPECLENS_ATTEND(3)
-      SPECLENS_ATTEND(4)
-#undef SPECLENS_ATTEND
-    }
+    attend_group(heads, q, a.q_head, k, a.k_stride, v, a.v_stride, out, a.L, a.d, a.scale, r, past, a.mask, scores);
   }
 }
 
@@ -467,18 +473,8 @@ static void attention_segments(const Layer* l, int64_t layer, const Rows& rows, 
     const int64_t L = own.past + own.n, at = g * c.capacity * d;
     const float* q = qkv + r * QKV + h0 * d;
     float* out = attended + (r * l->heads + h0) * d;
-    switch (heads) {
-#define SPECLENS_ATTEND(G)                                                                                    \
-  case G:                                                                                                      \
-    attend_heads<G>(q, d, c.k + at, d, c.v + at, d, out, L, d, l->scale, r - own.first, own.past, own.mask, \
-                    scores);                                                                                   \
-    break;
-      SPECLENS_ATTEND(1)
-      SPECLENS_ATTEND(2)
-      SPECLENS_ATTEND(3)
-      SPECLENS_ATTEND(4)
-#undef SPECLENS_ATTEND
-    }
+    attend_group(heads, q, d, c.k + at, d, c.v + at, d, out, L, d, l->scale, r - own.first, own.past, own.mask,
+                 scores);
   }
 }
 
