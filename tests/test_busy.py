@@ -14,6 +14,7 @@ from app.tabs.sweep import compare_summary, sweep_summary
 from decoding.trace import Baseline, DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict
 from visualize.busy import BUSY, busy_note, busy_signs, sweep_busy_note
 from visualize.cards import stats_html
+from visualize.race import race_html, race_many_html
 
 EXAMPLES = sorted((ROOT / "assets" / "traces").glob("*.json"))
 # A real run of SmolLM2-135M with an n-gram draft on 2 cores under a load average of 7-11: its
@@ -77,6 +78,24 @@ def test_a_run_recorded_under_load_says_the_machine_was_busy():
     trace = Trace.load(LOADED)
     assert trace.meta.device == "cpu" and "for the same work" in busy_note(trace)
     assert why(trace)[1] == "sl-busy"
+
+
+def race_note(html_text: str) -> str:
+    """The race's busy line, unescaped; empty when it has none."""
+    found = re.search(r'<div class="sl-why sl-busy">([^<]*)</div>', html_text)
+    return html.unescape(found.group(1)) if found else ""
+
+
+def test_a_race_of_a_run_under_load_says_the_machine_was_busy_as_its_cards_do():
+    """The race replays the times as measured: who finished first on a busy machine is no lesson, and
+    the race says so in the cards' words; a quiet run's race says nothing of the kind."""
+    loaded = Trace.load(LOADED)
+    assert race_note(race_html(loaded)) == busy_note(loaded) and busy_note(loaded).startswith(BUSY)
+    many = race_note(race_many_html([loaded]))
+    assert many.startswith(f"{BUSY} (ngram: its target passes over") and "quieter machine" in many
+    for path in EXAMPLES:
+        quiet = Trace.load(path)
+        assert race_note(race_html(quiet)) == "" and race_note(race_many_html([quiet])) == "", path.name
 
 
 def test_a_sweep_under_load_says_the_machine_was_busy():

@@ -13,6 +13,7 @@ from html import escape
 
 from decoding.trace import Trace
 
+from .busy import BUSY, busy_note, busy_signs
 from .cards import seconds
 
 SLOW_MOTION = (1, 5, 20)
@@ -62,7 +63,8 @@ def race_html(trace: Trace | None) -> str:
         "speculative": list(zip(trace.token_times_s(), spec_tokens(trace), strict=False)),
         "plain": list(zip(trace.baseline.token_times_s, plain_tokens(trace), strict=False)),
     }
-    return _race(lanes, "The measured run and its plain comparison")
+    # A race replays the times as measured: where a busy machine spoilt them, it says so before it runs.
+    return _race(lanes, "The measured run and its plain comparison", note=busy_note(trace))
 
 
 def race_many_html(traces: list[Trace]) -> str:
@@ -80,7 +82,14 @@ def race_many_html(traces: list[Trace]) -> str:
         "Each source's measured run (its median repeat; of an even number, the lower middle one) "
         "and its own plain run, made just before it,"
     )
-    return _race(lanes, what, pairs_line(timed))
+    return _race(lanes, what, pairs_line(timed), busy_line(timed))
+
+
+def busy_line(traces: list[Trace]) -> str:
+    """One line naming each raced run whose timings no quiet machine gives (visualize/busy.py), with
+    its first sign; empty when none shows one."""
+    found = [f"{t.meta.draft}: {signs[0]}" for t in traces if (signs := busy_signs(t))]
+    return f"{BUSY} ({'; '.join(found)}). Compare again on a quieter machine." if found else ""
 
 
 def own_plain(draft: str) -> str:
@@ -119,7 +128,9 @@ def finish_line(lanes: dict[str, list[tuple[float, str]]]) -> str:
     return "; ".join(parts) + "."
 
 
-def _race(lanes: dict[str, list[tuple[float, str]]], what: str, end: str | None = None) -> str:
+def _race(
+    lanes: dict[str, list[tuple[float, str]]], what: str, end: str | None = None, note: str = ""
+) -> str:
     data = escape(json.dumps({name: [[round(t, 4), x] for t, x in lane] for name, lane in lanes.items()}))
     speeds = "".join(
         f'<button class="sl-race-speed{" sl-on" if s == 1 else ""}" data-slow="{s}">×{s}</button>'
@@ -130,12 +141,13 @@ def _race(lanes: dict[str, list[tuple[float, str]]], what: str, end: str | None 
         f' · <span class="sl-lane-count">0</span> tokens</div><div class="sl-lane-text"></div></div>'
         for name in lanes
     )
+    busy = f'<div class="sl-why sl-busy">{escape(note)}</div>' if note else ""
     return (
         f'<div class="sl-race" data-race="{data}">'
         '<div class="sl-race-bar"><button class="sl-race-play">▶ Race</button>'
         f'<span class="sl-race-speeds">slow motion {speeds}</span>'
         '<span class="sl-race-clock">0.00 s</span></div>'
-        f"{rows}"
+        f"{busy}{rows}"
         f'<div class="sl-race-end" hidden>{escape(finish_line(lanes) if end is None else end)}</div>'
         f'<div class="sl-caption">{escape(what)} replayed at the times each token was ready (not a simulation).</div></div>'
     )
