@@ -22,6 +22,7 @@ from decoding.core.speculative import speculative_generate
 from decoding.drafts import LayerDraft
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
+from decoding.tools import metrics
 from decoding.trace import (
     Baseline,
     DraftToken,
@@ -39,6 +40,7 @@ from decoding.trace import (
 from visualize.cards import stats_html
 from visualize.charts import (
     accepted_length_histogram,
+    per_position_figure,
     speedup_curve,
     theory_figure,
     trace_figures,
@@ -399,6 +401,26 @@ def test_acceptance_by_position_names_its_counts_and_greys_the_thin_ones():
     thin = hand_made()  # one round: every position judged fewer than 5 times
     bars = trace_figures(thin)[0].data[0].marker
     assert set(bars.color) == {"#b8b8b8"} and set(bars.pattern.shape) == {"/"}  # never a solid full bar
+
+
+def test_each_per_position_chart_says_which_acceptance_it_shows():
+    """Explore's and Replay's chart divides what was kept at a position by the tokens judged there
+    (α by position, as the cost model and the benchmarks take it); Production's, by vLLM's
+    definition, by every draft. The same run gives other bars in each: each title says which."""
+    trace = Trace.load(ROOT / "assets" / "traces" / "summarization-ngram-greedy.json")
+    rows = costmodel.acceptance_by_position(trace)
+    ours = trace_figures(trace)[0]
+    assert "of the tokens judged there" in ours.layout.title.text.replace("<br>", " ")
+    assert ours.layout.yaxis.title.text.replace("<br>", " ") == "kept / judged there"
+    assert list(ours.data[0].y) == pytest.approx([kept / judged for _, judged, kept in rows])
+    vllm = per_position_figure({"this run": metrics.summary(metrics.snapshot_of([trace]))["per_position"]})
+    title = vllm.layout.title.text.replace("<br>", " ")
+    assert "vLLM's" in title and "of all drafts" in title
+    assert vllm.layout.yaxis.title.text.replace("<br>", " ") == "kept there / drafts"
+    drafts = sum(1 for r in trace.rounds if r.drafted)
+    assert list(vllm.data[0].y) == pytest.approx([kept / drafts for _, _, kept in rows])
+    # Every draft is judged at its first position: there the two agree, and after it they part.
+    assert ours.data[0].y[0] == pytest.approx(vllm.data[0].y[0]) and ours.data[0].y[1] > vllm.data[0].y[1]
 
 
 def timed(prefill_s: float, round_s: float, rounds: int, plain_first_s: float, plain_step_s: float) -> Trace:

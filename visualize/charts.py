@@ -97,20 +97,21 @@ def acceptance_by_position(trace: Trace) -> go.Figure:
             customdata=[[a, r] for _, r, a in rows],
             text=[f"n={r}" for _, r, _ in rows],
             textposition="outside",
-            hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} accepted<extra></extra>",
+            hovertemplate="position %{x}: %{customdata[0]} kept of the %{customdata[1]} judged there<extra></extra>",
             marker_color=[COLORS["accepted"] if r >= MIN_JUDGED else COLORS["discarded"] for _, r, _ in rows],
             # Hatched, not solid: 1 of 1 accepted is a full bar that must not read as a measured 100%.
             marker_pattern_shape=["" if r >= MIN_JUDGED else "/" for _, r, _ in rows],
         )
     )
     fig.update_yaxes(range=[0, 1.12])
-    # Only judged tokens count: a position is judged when every earlier draft
-    # token of its round was accepted; discarded tokens never were.
+    # Only judged tokens count: a position is judged when every earlier draft token of its round
+    # was kept; discarded tokens never were. The glossary's "per-position acceptance (SpecLens)":
+    # α at each position, as the cost model and the benchmarks take it, not vLLM's (per_position_figure).
     return _layout(
         fig,
-        "Acceptance by draft position",
+        "Acceptance by draft position, of the tokens judged there",
         f"draft position (judged tokens only, n of them; hatched grey: fewer than {MIN_JUDGED})",
-        "acceptance rate",
+        "kept / judged there",
         whole_x=True,
     )
 
@@ -461,7 +462,9 @@ def tree_theory_figure(
 
 
 def per_position_figure(series: dict[str, list[float]]) -> go.Figure:
-    """Per-position acceptance (accepted at position i / drafts, vLLM's definition), one bar group per source."""
+    """Per-position acceptance by vLLM's definition (kept at position i / drafts: every round that
+    drafted, whether it reached i or not), one bar group per source. It is the chance that the first
+    i tokens were all kept, so it falls with i, unlike Explore's chart of the tokens judged there."""
     fig = go.Figure()
     for (name, values), color in zip(series.items(), [COLORS["verify"], COLORS["accepted"], COLORS["draft"]]):
         fig.add_bar(
@@ -469,11 +472,19 @@ def per_position_figure(series: dict[str, list[float]]) -> go.Figure:
             y=values,
             name=name,
             marker_color=color,
-            hovertemplate="position %{x}: %{y:.3f}<extra>" + name.replace("<", "&lt;") + "</extra>",
+            hovertemplate="position %{x}: kept in %{y:.3f} of all drafts<extra>"
+            + name.replace("<", "&lt;")
+            + "</extra>",
         )
     fig.update_yaxes(range=[0, 1])
     fig.update_layout(barmode="group")
-    return _layout(fig, "Per-position acceptance", "draft position", "accepted / drafts", whole_x=True)
+    return _layout(
+        fig,
+        "Per-position acceptance (vLLM's), of all drafts",
+        "draft position (every draft counts, reached or not)",
+        "kept there / drafts",
+        whole_x=True,
+    )
 
 
 def best_k_figure(speedups: list[float], best: int) -> go.Figure:
