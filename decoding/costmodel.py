@@ -16,13 +16,15 @@ timed at half V(1)); every function below reads V through `check_cost` or
 
 from __future__ import annotations
 
+import functools
 import heapq
+import re
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .trace import Trace
+from .trace import Round, Trace
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -375,3 +377,135 @@ def sglang_adaptive_config(ranges: list[tuple[int, int, int]]) -> dict:
     """SGLang's `--speculative-adaptive-config` file: per batch size where a range starts, the draft
     steps it may take (0: none)."""
     return {str(first): {"candidate_steps": [k]} for first, _, k in ranges}
+
+
+# -- a run priced on a GPU it never ran on ---------------------------------------------------------
+
+# Drafts with no model: a lookup in the run's own text, done on the CPU whatever checks it, so a GPU
+# leaves their cost as it was measured.
+BOOKKEEPING_DRAFTS = {"ngram": "n-gram", "suffix": "suffix"}
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """One set of figures recorded on a GPU (benchmarks/gpu-*/, read by decoding/tools/gpu_figures.py):
+    each model shape's step by the tokens it checks, V(n) in ms, and each draft model's c there (its
+    time a drafted token ÷ a plain target step, as bench measured it) by (target shape, draft shape)."""
+
+    card: str
+    dtype: str
+    graphs: bool  # steps replayed from CUDA graphs
+    date: str  # when it was measured, YYYY-MM-DD; "" where nothing recorded it
+    source: str  # the folder, from the repository's root
+    random_weights: bool  # random-weight models of the real shapes (a machine that cannot fetch weights)
+    steps_ms: dict[str, dict[int, float]]  # model_shape -> {n: V(n) ms}
+    draft_costs: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def conditions(self) -> str:
+        """How its figures were measured and where they are, in one line: every view of a prediction
+        says it after the card's name."""
+        models = "random-weight models of the real shapes" if self.random_weights else "the real models"
+        graphs = "CUDA graphs on" if self.graphs else "CUDA graphs off"
+        when = f"measured {self.date}" if self.date else "date not recorded"
+        return f"{self.dtype}, {graphs}, {models} ({self.source}, {when})"
+
+
+@dataclass(frozen=True)
+class GpuPrice:
+    k: int
+    speedup: float
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class GpuPricing:
+    """A run priced on one GPU's figures: a prediction for each k, or one line saying why none."""
+
+    figures: GpuFigures
+    prices: tuple[GpuPrice, ...] = ()
+    step_ms: float = 0.0  # the card's measured step for one token: plain decoding's token
+    draft_cost: str = ""  # how the draft's cost there was taken, in words
+    unpriced: str = ""  # why nothing is predicted, in one line; "" when priced
+
+
+def model_shape(name: str) -> str:
+    """The architecture a model's name stands for, as the GPU figures key it: the last part of a hub
+    id or path, lower case, less what changes the weights but not the shape (-instruct, -it, and
+    -random: a random-weight model of a real configuration is named after it), a family's number
+    joined to it (gemma-3-270m and the preset gemma3-270m are one shape)."""
+    base = name.split(" (")[0].strip().rstrip("/").rsplit("/", 1)[-1].lower()
+    while (cut := re.sub(r"-(instruct|it|random)$", "", base)) != base:
+        base = cut
+    return re.sub(r"(?<=[a-z])-(?=\d)", "", base)
+
+
+def position_profile(trace: Trace) -> list[float]:
+    """P(the draft token at position i is accepted), for each position the run reached: the product
+    of the acceptance (accepted ÷ reached) at it and at every position before it, as
+    `expected_tokens_profile` takes it."""
+    profile, chance = [], 1.0
+    for _, reached, accepted in acceptance_by_position(trace):
+        chance *= accepted / reached
+        profile.append(chance)
+    return profile
+
+
+def _gpu_draft_steps(
+    trace: Trace, figures: GpuFigures, step_ms: float
+) -> tuple[Callable[[Round, int], float] | None, str]:
+    """A round's drafting of d tokens on the card, in its target steps, and how it was taken; None and
+    why where the draft was never measured there."""
+    meta, card = trace.meta, figures.card
+    if meta.draft_kind in BOOKKEEPING_DRAFTS:
+        per_round = sum(r.draft_ms for r in trace.rounds) / max(1, len(trace.rounds))
+        said = (
+            f"the {BOOKKEEPING_DRAFTS[meta.draft_kind]} draft is bookkeeping on the CPU, so its cost is "
+            f"this run's own, {per_round:.2f} ms a round, not scaled"
+        )
+        return (lambda r, d: r.draft_ms / step_ms), said
+    pair = (model_shape(meta.target), model_shape(meta.draft))
+    c = figures.draft_costs.get(pair) if meta.draft_kind == "model" else None
+    if c is None:
+        return (
+            None,
+            f"the {meta.draft} draft for {meta.target} was never measured on the {card}: no prediction",
+        )
+    return (lambda r, d: d * c), f"the {meta.draft} draft's cost as measured on the {card}, c = {c:.2f}"
+
+
+def price_on_gpu(trace: Trace, figures: GpuFigures) -> GpuPricing:
+    """The cost model applied to this run's rounds on another machine: the tokens its measured
+    acceptance by position gives (`position_profile`), against what drafting and checking them cost
+    on the card (its V(n), held as `check_cost` holds it, and the draft's cost there). For each k from
+    1 to the last position the run reached, each round drafts what it drafted, k at most:
+
+        speedup(k) = Σ E[tokens](d) ÷ Σ (drafting d + V(d + 1)/V(1)),  d = min(drafted, k)
+
+    in target steps of the card, so never above tokens per round ÷ (drafting + one step)
+    (`speedup_ceiling`); tokens/s is that over the card's one-token step. Nothing is predicted for a
+    target shape with no V(n) there, a draft never measured there, or a token tree."""
+    steps = figures.steps_ms.get(model_shape(trace.meta.target), {})
+    if 1 not in steps:
+        shapes = ", ".join(sorted(figures.steps_ms)) or "none"
+        return GpuPricing(
+            figures,
+            unpriced=f"{trace.meta.target}'s shape has no V(n) on the {figures.card} (measured: {shapes})",
+        )
+    if trace.meta.tree_nodes:
+        return GpuPricing(figures, unpriced="a token tree's rounds are not priced: the figures price chains")
+    draft_steps, said = _gpu_draft_steps(trace, figures, steps[1])
+    profile = position_profile(trace)
+    if draft_steps is None or not profile:
+        return GpuPricing(
+            figures, unpriced=said if draft_steps is None else "the run drafted nothing to price"
+        )
+    verify = functools.partial(verify_ratio_at, {n: ms / steps[1] for n, ms in steps.items()})
+    prices = []
+    for k in range(1, min(len(profile), max(steps) - 1) + 1):
+        tokens = cost = 0.0
+        for r in trace.rounds:
+            d = min(r.drafted, k)
+            tokens += expected_tokens_profile(profile, d)
+            cost += draft_steps(r, d) + check_cost(verify, d + 1)
+        prices.append(GpuPrice(k, tokens / cost, tokens / cost * 1e3 / steps[1]))
+    return GpuPricing(figures, tuple(prices), steps[1], said)

@@ -1,4 +1,4 @@
-"""`python -m decoding COMMAND`: generate, bench, sweep, probe, metrics, train-head, prepare."""
+"""`python -m decoding COMMAND`: generate, bench, sweep, probe, price, metrics, train-head, prepare."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from .answers import ANSWERS_DIR, SHARD_ANSWERS, SHARD_MB, AnswerStore
 from .batch_bench import BatchBenchConfig, run_batch_bench
 from .bench import BenchConfig, run_bench
 from .compare import compare, parse_drafts
+from .gpu_figures import BENCHMARKS, price_lines, recorded
 from .probe import concurrency_what_if, measure, verify_ratios
 from .prompts import read_prompts
 from .server_bench import run_server_bench
@@ -136,6 +137,14 @@ def _add_tool_commands(sub) -> None:
     pr.add_argument("--alpha", type=float, default=0.7, help="acceptance assumed for the concurrency what-if")
     pr.add_argument(
         "--draft-cost", type=float, default=0.05, help="c assumed for the what-if (draft step / target step)"
+    )
+    pc = sub.add_parser(
+        "price",
+        help="a saved run's acceptance priced on the GPUs recorded in benchmarks/gpu-*/ (a prediction)",
+    )
+    pc.add_argument("trace", type=Path, help="a trace JSON (generate --trace-out, or the app's download)")
+    pc.add_argument(
+        "--figures", type=Path, default=BENCHMARKS, help="the folder that holds the gpu-*/ figures"
     )
     _add_train_head_command(sub)
     _add_training_prompts_command(sub)
@@ -330,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": lambda a: _bench(a, _command(argv)),
         "sweep": _sweep,
         "probe": _probe,
+        "price": _price,
         "metrics": _metrics,
         "train-head": lambda a: _train_head(a, _command(argv)),
         "training-prompts": _training_prompts,
@@ -556,6 +566,11 @@ def _training_prompts(args: argparse.Namespace) -> int:
     summary = write_training_prompts(args.out, sources, args.dev)
     args.out.with_suffix(".summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _price(args: argparse.Namespace) -> int:
+    print("\n".join(price_lines(Trace.load(args.trace), recorded(args.figures))))
     return 0
 
 
