@@ -265,6 +265,10 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
     race = gr.HTML(race_html(None), elem_id="race")
     views["text"] = gr.Textbox(label="Output text", lines=4, elem_id="output")
     views["charts"] = _figures(explore.CHARTS)
+    with gr.Accordion(
+        "On a GPU: this run priced on a measured card (a prediction)", open=False, elem_id="on-gpu"
+    ):
+        on_gpu = gr.Markdown(explore.gpu_view(None), elem_id="on-gpu-table")
     with gr.Row():
         views["trace_json"] = gr.File(label="Trace JSON", elem_id="trace-json")
         views["trace_csv"] = gr.File(label="Token events CSV", elem_id="trace-csv")
@@ -278,6 +282,7 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
         run, stop, (explore.check_explore, explore.run_explore), inputs, outputs, "generate", cleared
     )
     views["trace_state"].change(explore.race_view, views["trace_state"], race, **PRIVATE)
+    views["trace_state"].change(explore.gpu_view, views["trace_state"], on_gpu, **PRIVATE)
     views["round_slider"].change(
         explore.explain_round,
         [views["trace_state"], views["round_slider"]],

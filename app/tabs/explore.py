@@ -27,9 +27,11 @@ from decoding.api import RunConfig, compare_with_plain, iter_generate, prepare
 from decoding.core.budget import RunBudget
 from decoding.core.proposal import Draft
 from decoding.drafts.suffix import SuffixCorpus, SuffixDraft
+from decoding.tools.gpu_figures import recorded
 from decoding.trace import Trace
 from visualize.cards import stats_html
 from visualize.charts import trace_figures
+from visualize.gpu import on_gpu_markdown
 from visualize.race import race_html
 from visualize.timeline import empty_timeline_html, round_sentence_markdown, timeline_html
 
@@ -157,6 +159,12 @@ def session_draft(config: RunConfig, request: gr.Request | None) -> Draft | None
 def race_view(trace_dict: dict | None) -> str:
     """The run and its plain comparison, ready to race (visualize/race.py)."""
     return race_html(Trace.from_dict(trace_dict) if trace_dict else None)
+
+
+def gpu_view(trace_dict: dict | None) -> str:
+    """The run's acceptance priced on each GPU whose figures are recorded in benchmarks/gpu-*/ (a
+    prediction, visualize/gpu.py); read at each run, so figures added since count."""
+    return on_gpu_markdown(Trace.from_dict(trace_dict) if trace_dict else None, recorded())
 
 
 def explain_round(trace_dict: dict | None, round_no: float):
