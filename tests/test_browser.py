@@ -17,7 +17,9 @@ from test_metrics import FakeVLLM, reply, serve
 
 from app import common
 from app.examples import OUTCOMES, classroom_examples
+from decoding.costmodel import price_on_gpu
 from decoding.models import load_model
+from decoding.tools.gpu_figures import recorded
 from decoding.tools.probe import cached, measure
 from decoding.trace import DraftToken, Emitted, Output, Round, RunMeta, Trace, Verdict, validate
 from visualize import glossary
@@ -85,6 +87,8 @@ def set_number(page, elem_id: str, value: int) -> None:
 
 
 def test_explore_run_timeline_charts_and_download(page):
+    page.locator("#pair input").click()  # n-gram: a draft whose cost a GPU's figures can price
+    page.get_by_role("option", name="SmolLM2-135M · n-gram draft (offline)").click()
     page.fill("#prompt textarea", "Repeat exactly: red, green, blue. red, green, blue. red, green, blue.")
     set_number(page, "max-new", 24)
     run(page)
@@ -97,6 +101,23 @@ def test_explore_run_timeline_charts_and_download(page):
     info.value.save_as(path)
     trace = Trace.load(path)
     validate(trace)
+    assert trace.meta.draft == "ngram"
+
+    # "On a GPU": this run's acceptance priced on the recorded card, beside its own measured speedup.
+    (h200,) = recorded()
+    priced = price_on_gpu(trace, h200)
+    page.locator("#on-gpu").get_by_text("On a GPU").click()
+    page.wait_for_function(
+        "s => document.querySelector('#on-gpu-table').innerText.includes(s)",
+        arg=f"×{trace.totals.speedup:.2f}",
+        timeout=30_000,
+    )
+    section = page.locator("#on-gpu-table")
+    assert section.is_visible()
+    said = section.inner_text()
+    assert f"Predicted on the {h200.card}" in said and "A prediction, not a measurement" in said, said
+    assert section.locator("tbody tr").count() == len(priced.prices) > 0
+    assert all(f"×{p.speedup:.2f}" in said for p in priced.prices), said
 
     kinds = {"accepted"} if any(s.n_accepted for s in trace.rounds) else set()
     kinds |= {"rejected"} if any(s.n_accepted < s.drafted for s in trace.rounds) else set()
