@@ -34,6 +34,7 @@ from decoding.models.presets import PRESETS, params_of
 from decoding.settings.environment import on_zerogpu
 from decoding.settings.sampling import Sampling
 from decoding.trace import Round, Trace, token_frame
+from visualize.cards import recorded_note
 from visualize.tree import tree_figure
 
 log = logging.getLogger("speclens")
@@ -335,3 +336,11 @@ def round_slider(rounds: int):
 @functools.cache
 def example_traces() -> dict[str, str]:
     return {p.stem: str(p) for p in sorted((ASSETS / "traces").glob("*.json"))}
+
+
+EXAMPLE_MACHINE = "a 2-core CPU"  # where the example traces were recorded (assets/traces/README.md)
+
+
+def example_recorded(trace: Trace, name: str) -> str:
+    """What the cards of example trace `name` say it is: recorded on another machine, and when."""
+    return recorded_note(trace, f"the example assets/traces/{name}.json", EXAMPLE_MACHINE)

@@ -12,6 +12,8 @@ PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "prompts"
 
 
 OUTCOMES = {"wins": "Speculation wins", "little": "Wins a little", "loses": "Speculation loses"}
+# Where the outcomes on the classroom buttons were measured (docs/app.md's table).
+MEASURED_ON = "with the default pair (k = 4, 64 new tokens, greedy) on a 2-core AMD EPYC under load"
 
 
 @dataclass(frozen=True)
@@ -56,3 +58,17 @@ def example_labels(per_category: int = 1) -> list[str]:
     Spec-Bench prompt's category."""
     classroom = [e.label for e in classroom_examples()]
     return classroom + [f"Spec-Bench, {c.replace('_', ' ')}: {p}" for c, p in _specbench(per_category)]
+
+
+def chosen_line(prompt: str) -> str:
+    """The status line once an example is chosen: what it is and, for a classroom example, where what
+    its button says was measured (not on this machine); what to press to run it here."""
+    run_here = "Press **Run** to decode it here with the sidebar's settings."
+    for e in classroom_examples():
+        if e.prompt == prompt:
+            return (
+                f"**Classroom example: {OUTCOMES[e.outcome].lower()}, {e.lesson}.** Runs of it {MEASURED_ON} "
+                f"showed this (docs/app.md), not runs on this machine. {run_here}"
+            )
+    category = next((c for c, p in _specbench(1) if p == prompt), None)
+    return f"**Spec-Bench example** ({category.replace('_', ' ')}). {run_here}" if category else run_here

@@ -249,7 +249,7 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
         compare = gr.Checkbox(value=True, label="Compare with plain decoding", min_width=160)
         run = gr.Button("Run", variant="primary", elem_id="run", min_width=80)
         stop = gr.Button("Stop", variant="stop", elem_id="stop", min_width=80)
-    gr.Examples(
+    examples = gr.Examples(
         [[p] for p in example_prompts()],
         inputs=prompt,
         label="Examples (classroom, each with what it shows, and Spec-Bench)",
@@ -281,6 +281,8 @@ def explore_tab(demo: gr.Blocks, settings: dict) -> gr.State:
     _while_running(
         run, stop, (explore.check_explore, explore.run_explore), inputs, outputs, "generate", cleared
     )
+    # A chosen example empties the views of the run before (another prompt's) and says what it is.
+    examples.load_input_event.then(explore.chosen_example, prompt, [*outputs, status], **PRIVATE)
     views["trace_state"].change(explore.race_view, views["trace_state"], race, **PRIVATE)
     views["trace_state"].change(explore.gpu_view, views["trace_state"], on_gpu, **PRIVATE)
     views["round_slider"].change(

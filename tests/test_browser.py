@@ -558,7 +558,8 @@ def test_replays_step_through_slider_and_buttons_cover_the_whole_trace(page):
 
 def test_the_classroom_examples_say_what_each_shows(page):
     """Each classroom example's button names what a run of it shows (a win, a loss, and why); a
-    click puts its prompt in the box."""
+    click puts its prompt in the box, says what the example is and where its lesson was measured, and
+    takes off the screen the example run of another prompt (its status, cards, race)."""
     buttons = []
     for example in classroom_examples():
         button = page.locator("button", has_text=f"{OUTCOMES[example.outcome]}, {example.lesson}: ")
@@ -571,6 +572,16 @@ def test_the_classroom_examples_say_what_each_shows(page):
         arg=[classroom_examples()[winner].prompt],
         timeout=10_000,
     )
+    page.wait_for_function(
+        "document.querySelector('#run-status').innerText.startsWith('Classroom example: speculation wins')",
+        timeout=30_000,
+    )
+    status = page.locator("#run-status").inner_text()
+    assert "not runs on this machine" in status and "Example run" not in status
+    page.wait_for_function("!document.querySelector('#race .sl-race-play')", timeout=30_000)
+    assert page.locator("#timeline [data-round]").count() == 0
+    assert page.locator("#cards .sl-card, #cards .sl-recorded").count() == 0
+    assert "Press Run to decode this example" in page.locator("#timeline").inner_text()
 
 
 def test_theory_simulation(page):
@@ -757,6 +768,9 @@ def test_the_first_load_shows_an_example_run_and_replay_its_example(page):
     assert page.locator("#timeline [data-round]").count() > 10
     assert page.locator("#run-status").inner_text().startswith("Example run")
     assert page.locator("#cards .sl-card").count() >= 4
+    # Its cards say it is a recording, made elsewhere: their speedup is not this machine's.
+    flag = page.locator("#cards .sl-recorded")
+    assert flag.is_visible() and flag.inner_text().startswith("Recorded, not run on this machine")
     assert page.locator("#timeline .sl-template summary").first.inner_text().startswith("chat template")
     page.get_by_role("tab", name="Replay").click()
     page.wait_for_function(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import inspect
 
 from app import common
+from app.examples import classroom_examples, example_prompts
 from app.tabs import explore, sweep
+from app.tabs.replay import load_replay
 from app.ui import HUB_PAIR_SETTINGS, OFFLINE_PAIRS, build_demo, pair_controls
 from decoding.models import PRESETS
+from decoding.trace import Trace
 
 
 def parameters(fn) -> tuple[str, ...]:
@@ -59,3 +62,51 @@ def test_a_sweep_runs_at_the_sidebars_k_except_over_k():
     }  # fmt: skip
     ks = {over: sweep.sweep_plan(settings | {"sweep_over": over})[0].k for over in sweep.SWEEP_OVER}
     assert ks == dict(zip(sweep.SWEEP_OVER, (1, 4, 1, 4)))
+
+
+def cards_of(views: list) -> str:
+    return views[explore.EXPLORE_OUTPUTS.index("cards")]
+
+
+def test_a_replayed_example_says_on_its_cards_that_it_was_recorded_elsewhere_and_when():
+    """The page opens on a run recorded on another machine: its cards say so, with where and when it
+    was measured, and a run made here says nothing of the kind."""
+    shown = explore.example_run()
+    trace = Trace.load(common.example_traces()[explore.EXAMPLE_RUN])
+    flag = (
+        '<div class="sl-recorded">Recorded, not run on this machine: the example '
+        f"assets/traces/{explore.EXAMPLE_RUN}.json, measured on {trace.meta.started[:10]} on a 2-core CPU."
+    )
+    assert cards_of(shown).startswith(flag) and shown[-1].startswith("**Example run**")
+    assert "sl-recorded" not in cards_of(explore.explore_views(trace))  # a run made here
+    replayed = next(v for v in load_replay(None, explore.EXAMPLE_RUN) if "sl-cards" in str(v))
+    assert replayed.startswith(flag)
+    uploaded = next(
+        v for v in load_replay(common.example_traces()[explore.EXAMPLE_RUN], None) if "sl-cards" in str(v)
+    )
+    assert uploaded.startswith(
+        f'<div class="sl-recorded">Recorded, not run on this machine: the file {explore.EXAMPLE_RUN}.json'
+    )
+
+
+def test_choosing_an_example_empties_the_run_before_and_says_what_the_example_is():
+    """After a click on an example the prompt box holds another prompt than the run on show: nothing
+    of that run stays (its cards, race, trace), and the status line names the example and where
+    what its button says was measured, no longer "Example run … the prompt above"."""
+    demo = build_demo()
+    (chosen,) = [d for d in demo.fns.values() if getattr(d.fn, "__name__", "") == "chosen_example"]
+    assert len(chosen.outputs) == len(explore.EXPLORE_OUTPUTS) - 1 + explore.CHARTS + 1  # and the status
+    assert chosen.outputs[-1].elem_id == "run-status"
+    example = next(e for e in classroom_examples() if e.outcome == "loses")
+    views = explore.chosen_example(example.prompt)
+    assert len(views) == len(chosen.outputs)
+    assert cards_of(views) == "" and views[explore.EXPLORE_OUTPUTS.index("text")] == ""
+    assert views[explore.EXPLORE_OUTPUTS.index("trace_state") + explore.CHARTS - 1] is None  # the race clears
+    assert "data-round" not in views[0] and "Press Run to decode this example" in views[0]
+    status = views[-1]
+    assert status.startswith(f"**Classroom example: speculation loses, {example.lesson}.**")
+    assert (
+        "2-core AMD EPYC" in status and "not runs on this machine" in status and "Example run" not in status
+    )
+    bench = example_prompts()[len(classroom_examples())]
+    assert explore.chosen_example(bench)[-1].startswith("**Spec-Bench example** (")

@@ -22,7 +22,20 @@ def seconds(s: float) -> str:
     return f"{s:#.3g} s" if s < 100 else f"{s:.0f} s"
 
 
-def stats_html(trace: Trace) -> str:
+def recorded_note(trace: Trace, source: str, machine: str = "") -> str:
+    """What a run replayed from a file is: recorded elsewhere, where and when as far as `source` (its
+    file), `machine` and the trace's own start say, so that its figures are not read as this machine's."""
+    when = f" on {trace.meta.started[:10]}" if trace.meta.started else ""
+    where = f" on {machine}" if machine else ""
+    return (
+        f"Recorded, not run on this machine: {source}, measured{when}{where}. Its times and speedup are "
+        "that machine's."
+    )
+
+
+def stats_html(trace: Trace, recorded: str = "") -> str:
+    """The cards, the sentence that says why, the caption; `recorded` (`recorded_note`) above them
+    where the run is replayed from a file rather than made here."""
     t = trace.totals
     cards = [
         _card("acceptance rate", f"{t.acceptance_rate:.0%}"),
@@ -47,7 +60,8 @@ def stats_html(trace: Trace) -> str:
     if not why:
         why, kind = faster_because(trace), "sl-gain"
     why_html = f'<div class="{" ".join(["sl-why", *[kind] * bool(kind)])}">{escape(why)}</div>' if why else ""
-    return f'<div class="sl-cards">{"".join(cards)}</div>{why_html}<div class="sl-caption">{escape(caption)}</div>'
+    flag = f'<div class="sl-recorded">{escape(recorded)}</div>' if recorded else ""
+    return f'{flag}<div class="sl-cards">{"".join(cards)}</div>{why_html}<div class="sl-caption">{escape(caption)}</div>'
 
 
 def timing_cards(ours: Timing | None, plain: Timing | None) -> list[str]:

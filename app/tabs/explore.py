@@ -11,8 +11,10 @@ from collections.abc import Iterator
 import gradio as gr
 
 from app.common import (
+    EXAMPLE_MACHINE,
     SETTINGS,
     by_name,
+    example_recorded,
     example_traces,
     gpu,
     make_config,
@@ -23,6 +25,7 @@ from app.common import (
     tree_view,
     user_errors,
 )
+from app.examples import chosen_line
 from decoding.api import RunConfig, compare_with_plain, iter_generate, prepare
 from decoding.core.budget import RunBudget
 from decoding.core.proposal import Draft
@@ -44,12 +47,13 @@ CHARTS = 4  # what trace_figures draws
 EXAMPLE_RUN = "summarization-ngram-greedy"  # what a first visit sees before running anything
 
 
-def trace_views(trace: Trace) -> list:
-    """Timeline, text, cards and the four charts of a finished trace."""
+def trace_views(trace: Trace, recorded: str = "") -> list:
+    """Timeline, text, cards (flagged `recorded` where replayed from a file) and the four charts of a
+    finished trace."""
     return [
         timeline_html(trace),
         trace.output.text,
-        stats_html(trace),
+        stats_html(trace, recorded),
         *trace_figures(trace),
     ]
 
@@ -81,11 +85,11 @@ def run_explore(settings: dict, request: gr.Request = None):
         yield explore_views(trace)
 
 
-def explore_views(trace: Trace) -> list:
+def explore_views(trace: Trace, recorded: str = "") -> list:
     """Every view of a finished (or stopped) run, in EXPLORE_OUTPUTS' order."""
     first = trace.rounds[0] if trace.rounds else None
     return [
-        *trace_views(trace),
+        *trace_views(trace, recorded),
         *save_downloads(trace),
         trace.to_dict(),
         round_slider(len(trace.rounds)),
@@ -107,10 +111,17 @@ def example_run() -> list:
     m = trace.meta
     status = (
         f"**Example run**, replayed from `assets/traces/{EXAMPLE_RUN}.json` ({m.target}, {m.draft} draft, "
-        f"k = {m.policy.k}, measured on a 2-core CPU). Press **Run** to decode the prompt above here, "
+        f"k = {m.policy.k}, measured on {EXAMPLE_MACHINE}). Press **Run** to decode the prompt above here, "
         "with the pair and settings in the sidebar."
     )
-    return [*explore_views(trace), status]
+    return [*explore_views(trace, example_recorded(trace, EXAMPLE_RUN)), status]
+
+
+def chosen_example(prompt: str) -> list:
+    """Explore's views emptied once an example is chosen (the run on show was of another prompt), and
+    the status line saying what the example is: nothing on screen then speaks of another run."""
+    empty = [empty_timeline_html("Press Run to decode this example."), "", ""]
+    return [*empty, *[None] * (CHARTS + 3), round_slider(0), "", tree_view(None), chosen_line(prompt)]
 
 
 def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list, draft: Draft | None) -> Iterator[list]:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from app.common import (
+    example_recorded,
     example_traces,
     round_slider,
     tree_view,
@@ -13,7 +14,7 @@ from app.common import (
 )
 from decoding.errors import SpecLensError
 from decoding.trace import Trace, validate
-from visualize.cards import stats_html
+from visualize.cards import recorded_note, stats_html
 from visualize.charts import trace_figures
 from visualize.timeline import empty_timeline_html, round_sentence_markdown, timeline_html
 
@@ -71,9 +72,16 @@ def load_replay(upload: str | None, example: str | None):
             trace.to_dict(),
             round_slider(len(trace.rounds)),
             *replay_views(trace, 1),
-            stats_html(trace),
+            stats_html(trace, recorded(trace, upload, example)),
             *trace_figures(trace),
         )
+
+
+def recorded(trace: Trace, upload: str | None, example: str | None) -> str:
+    """What the cards say the trace is: a file (the upload's own name) or an example, recorded elsewhere."""
+    return (
+        recorded_note(trace, f"the file {Path(upload).name}") if upload else example_recorded(trace, example)
+    )
 
 
 def replay_views(trace: Trace, round_no: int) -> tuple:
