@@ -23,6 +23,7 @@ from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
 from decoding.drafts import HybridDraft, LayerDraft, ModelDraft, NGramDraft
 from decoding.drafts.head import HeadDraft
+from decoding.drafts.head.model import HeadCache
 from decoding.drafts.suffix import SuffixCorpus, SuffixDraft
 from decoding.runtime import llama, rowlinear
 from decoding.runtime.forward import forward, forward_batch, new_cache
@@ -81,9 +82,13 @@ def test_a_batched_pass_gives_each_sequence_what_it_gets_alone(make, exact):
 PROMPTS = [[1, 5, 9, 3, 7, 5, 9], [2, 2, 2, 8, 2, 2], [42], [7, 7, 1, 2, 3, 4, 7, 7, 1], [9, 8, 7, 6, 5]]
 
 
-def _drafts(target, draft) -> dict:
-    """Every draft source, built for the tiny target (the head random, over the even tokens)."""
+def _drafts(target, draft, kernel: bool = False) -> dict:
+    """Every draft source, built for the tiny target (the head random, over the even tokens; on the
+    kernel path, stepping through the layer kernel, which drafts for a batch in shared steps)."""
     head = random_head(target, list(range(0, 64, 2)), std=0.2)
+    if kernel:
+        use_row_kernel(head, panels=False)
+        assert HeadDraft(head, target, "h").drafts_together()
     return {
         "ngram": NGramDraft(),
         "suffix": SuffixDraft(SuffixCorpus()),
@@ -111,7 +116,7 @@ def test_every_sequence_of_a_batch_is_its_own_plain_run_for_every_draft_source(k
     plain = [autoregressive_generate(target, torch.tensor([p]), max_new_tokens=30).token_ids for p in PROMPTS]
     for size in (1, 2, 5):
         assert _batch(target, None, size).outputs == plain, size
-    for name, draft in _drafts(target, target).items():
+    for name, draft in _drafts(target, target, kernel).items():
         alone = [
             speculative_generate(
                 target, torch.tensor([p]), draft.fork(), make_policy("fixed", 3), max_new_tokens=30
@@ -138,15 +143,22 @@ def test_a_batch_pass_checks_every_sequences_rows_and_shares_its_time(tiny_targe
     assert sum(p.rows for p in run.passes) == sum(len(r.proposal) + 1 for rs in run.rounds for r in rs)
 
 
-@pytest.mark.parametrize("source", ["head", "ngram"])
+@pytest.mark.parametrize("source", ["head", pytest.param("head-kernel", marks=needs_kernel), "ngram"])
 def test_sampling_in_a_batch_follows_the_target(source):
     """Three copies of a prompt decoded together, each with its own generator: the pairs of tokens
-    they write are drawn from the target's own distribution."""
+    they write are drawn from the target's own distribution (with the head drafting for the three
+    in shared kernel steps too)."""
     vocab = 10
     target = tiny_llama(seed=3, layers=4, vocab=vocab, init=0.6)
+    if source == "head-kernel":
+        target = target.to(torch.float32)
+        assert use_row_kernel(target) and llama.use_layer_kernel(target)
     sampling = Sampling(temperature=1.0)
     head = random_head(target, [0, 1, 2, 3, 5, 6, 8], seed=2, std=0.5)
-    draft = HeadDraft(head, target, "h") if source == "head" else NGramDraft()
+    if source == "head-kernel":
+        use_row_kernel(head, panels=False)
+    draft = NGramDraft() if source == "ngram" else HeadDraft(head, target, "h")
+    assert draft.drafts_together() == (source == "head-kernel")
     prompt = [3, 5, 3, 5, 3]
     joint = exact_pair_distribution(target, torch.tensor([prompt]), sampling)
     counts, accepted = np.zeros((vocab, vocab)), 0
@@ -223,16 +235,48 @@ def test_bench_batch_refuses_a_batch_it_cannot_run_in_one_line(
 
 
 @needs_kernel
+@needs_kernel
+def test_a_heads_shared_step_gives_each_sequence_what_its_own_step_gives():
+    """The head's step over several sequences' rows (1 to 5 each, after caches of different
+    lengths): each sequence's output rows, last-row logits and cache are bit for bit its own step's."""
+    target = _kernel_llama(0)
+    head = random_head(target, list(range(0, 64, 2)), std=0.2)
+    use_row_kernel(head, panels=False)
+    stepper = HeadDraft(head, target, "h").stepper
+    hidden = head.c.hidden_size
+    torch.manual_seed(0)
+    alone, together = [HeadCache() for _ in range(4)], [HeadCache() for _ in range(4)]
+    for n, a, t in zip((3, 70, 1, 12), alone, together, strict=True):
+        emb, feature = torch.randn(n, hidden), torch.randn(n, hidden)
+        stepper.step_logits(emb, feature, a)
+        stepper.step_logits(emb, feature, t)
+    for counts in ((1, 1, 1, 1), (5, 1, 3, 2), (1, 4, 1, 5)):
+        embs = [torch.randn(n, hidden) for n in counts]
+        features = [torch.randn(n, hidden) for n in counts]
+        out, logits = stepper.step_together(torch.cat(embs), torch.cat(features), together, counts)
+        ends = np.cumsum(counts)
+        for j, (e, f, a) in enumerate(zip(embs, features, alone, strict=True)):
+            own_out, own_logits = stepper.step_logits(e, f, a)
+            assert torch.equal(out[ends[j] - counts[j] : ends[j]], own_out)
+            assert torch.equal(logits[j], own_logits[-1])
+    for a, t in zip(alone, together, strict=True):
+        assert len(a) == len(t)
+        assert torch.equal(a.k[:, : len(a)], t.k[:, : len(t)]) and torch.equal(
+            a.v[:, : len(a)], t.v[:, : len(t)]
+        )
+
+
 def test_the_ctypes_structs_match_the_kernels_layout():
     """llama.py's mirrors of the kernel's structs have the C++ sizes and offsets: a field out of
     place would have the kernel read another field's bytes, with no error."""
-    out = (ctypes.c_int64 * 12)()
+    out = (ctypes.c_int64 * 13)()
     rowlinear.library().struct_layout(out)
     expected = [
         ctypes.sizeof(llama._Mask), ctypes.sizeof(llama._Layer), ctypes.sizeof(llama._LayerCacheView),
         ctypes.sizeof(llama._Head), ctypes.sizeof(llama._Segment), llama._Segment.caches.offset,
         llama._Segment.mask.offset, ctypes.sizeof(llama._Step), llama._Step.head.offset,
         llama._Step.segments.offset, llama._Step.segment.offset, ctypes.sizeof(llama._Attention),
+        llama._Head.last_of_each.offset,
     ]  # fmt: skip
     assert list(out) == expected
 

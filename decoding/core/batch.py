@@ -24,9 +24,9 @@ from ..settings.sampling import Sampling
 from ..trace import RunMeta, Trace
 from .budget import RunStopped
 from .plain import Clock, StopCheck, prefill
-from .proposal import Draft
+from .proposal import Draft, Proposal
 from .record import RoundResult, record_round
-from .speculative import Decoder, chain_inputs, check_chain, draft_chain, keep_agreed
+from .speculative import Decoder, chain_inputs, check_chain, draft_chain, draft_chains, keep_agreed
 from .verify import warp
 
 
@@ -177,12 +177,7 @@ def _plain_step(target, active: list[Request], settings: BatchSettings, clock, s
 def _speculative_step(target, active: list[Request], settings: BatchSettings, clock, start: float) -> Pass:
     """One round for every sequence: each drafts on its own, one pass checks all their drafts, and
     each keeps what its target rows agree with."""
-    proposals, draft_s = [], []
-    for s in active:
-        t = clock()
-        k = min(s.policy.next_k(), settings.max_new_tokens - len(s.output) - 1)
-        proposals.append(draft_chain(s.dec, s.seq, k, s.policy.stop))
-        draft_s.append(clock() - t)
+    proposals, draft_s = _draft_all(active, settings, clock)
     inputs = [chain_inputs(s.seq, p) for s, p in zip(active, proposals, strict=True)]
     rows = [i.shape[1] for i in inputs]
     drafts = [s.dec.draft for s in active]
@@ -201,6 +196,27 @@ def _speculative_step(target, active: list[Request], settings: BatchSettings, cl
         s.rounds.append(r)
         _extend(s, r.new_tokens, r.finished, settings, clock() - start)
     return Pass(sum(rows), len(active), pass_s * 1e3)
+
+
+def _draft_all(active: list[Request], settings: BatchSettings, clock) -> tuple[list[Proposal], list[float]]:
+    """Every sequence's chain and its drafting seconds. A draft that drafts for all at once
+    (`Draft.drafts_together`: a head's steps) takes one call, its time shared by the tokens each drafted."""
+    ks = [min(s.policy.next_k(), settings.max_new_tokens - len(s.output) - 1) for s in active]
+    if not active[0].dec.draft.drafts_together():
+        proposals, seconds = [], []
+        for s, k in zip(active, ks, strict=True):
+            t = clock()
+            proposals.append(draft_chain(s.dec, s.seq, k, s.policy.stop))
+            seconds.append(clock() - t)
+        return proposals, seconds
+    t = clock()
+    proposals = draft_chains(
+        [s.dec for s in active], [s.seq for s in active], ks, [s.policy.stop for s in active]
+    )
+    spent = clock() - t
+    drafted = [len(p) for p in proposals]
+    total = sum(drafted)
+    return proposals, [spent * n / total if total else spent / len(active) for n in drafted]
 
 
 def _extend(s: Request, tokens: list[int], ended: bool, settings: BatchSettings, now_s: float) -> None:

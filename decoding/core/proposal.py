@@ -119,6 +119,28 @@ class Draft(ABC):
         features there."""
         return contextlib.nullcontext()
 
+    def drafts_together(self) -> bool:
+        """Whether `propose_together` drafts for its sequences in shared steps (not one after another)."""
+        return False
+
+    def propose_together(
+        self,
+        drafts: Sequence[Draft],
+        seqs: Sequence[torch.Tensor],
+        ks: Sequence[int],
+        sampling: Sampling,
+        generators: Sequence[torch.Generator],
+        stops: Sequence[StopRule | None],
+    ) -> list[Proposal]:
+        """Each of `drafts` (this draft's forks) proposes up to `ks[i]` tokens after `seqs[i]`, as its
+        own `propose` would (none where k is 0). Here one after another; a draft that runs a
+        model runs its steps for all of them at once (the batched cost model charges drafting
+        as one batched step)."""
+        return [
+            d.propose(seq, k, sampling, g, stop) if k > 0 else empty_proposal(seq.device)
+            for d, seq, k, g, stop in zip(drafts, seqs, ks, generators, stops, strict=True)
+        ]
+
     def leaving_no_memory(self) -> contextlib.AbstractContextManager:
         """A run made inside this (a warm-up) leaves nothing the draft keeps across runs: suffix
         decoding's corpus is as it was before."""

@@ -11,7 +11,7 @@ the last, which is fed at the start of the next forward pass.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -60,6 +60,17 @@ def draft_chain(dec: Decoder, seq: torch.Tensor, k: int, stop: StopRule | None =
     """The draft's up to k tokens after `seq`, none past a stop token."""
     proposal = dec.draft.propose(seq, k, dec.sampling, dec.generator, stop) if k > 0 else None
     return _cut_after_eos(proposal or empty_proposal(seq.device), dec.eos)
+
+
+def draft_chains(
+    decs: Sequence[Decoder], seqs: Sequence[torch.Tensor], ks: Sequence[int], stops: Sequence[StopRule | None]
+) -> list[Proposal]:
+    """`draft_chain` for several sequences, each decoding with its own fork of one draft, which
+    drafts for all of them together (`Draft.propose_together`)."""
+    drafts = [d.draft for d in decs]
+    generators = [d.generator for d in decs]
+    proposals = drafts[0].propose_together(drafts, seqs, ks, decs[0].sampling, generators, stops)
+    return [_cut_after_eos(p, d.eos) for p, d in zip(proposals, decs, strict=True)]
 
 
 def chain_inputs(seq: torch.Tensor, proposal: Proposal) -> torch.Tensor:

@@ -147,7 +147,7 @@ class _Head(ctypes.Structure):
     _fields_ = [
         ("norm", ctypes.c_void_p), ("eps", ctypes.c_float), ("w", ctypes.c_void_p), ("panels", ctypes.c_void_p),
         ("bias", ctypes.c_void_p), ("hidden", _i64), ("vocab", _i64), ("keep", _i64), ("logits", ctypes.c_void_p),
-        ("half", _i64),
+        ("half", _i64), ("last_of_each", _i64),
     ]  # fmt: skip
 
 

@@ -28,10 +28,11 @@ float32 or bfloat16 file) keeps float32.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import torch
 
-from ...runtime.llama import _Head, _Layer, _LayerCacheView, _Mask, _Step, fused_linear
+from ...runtime.llama import _Head, _Layer, _LayerCacheView, _Mask, _Segment, _Step, fused_linear
 from ...runtime.rowlinear import RowLinear, library
 from .model import EagleHead, HeadCache, rotation
 
@@ -121,7 +122,7 @@ class HeadKernel:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As `EagleHead.step_logits`: the outputs [n, h] of rows after the cached ones, and the
         logits of the last `keep`; a tree's level gives positions and a bool mask [n, cached + n]."""
-        c, head = self.c, self.head
+        c = self.c
         n, past = emb.shape[0], len(cache)
         emb, feature = emb.contiguous(), feature.contiguous()
         out = torch.empty_like(feature)
@@ -129,18 +130,62 @@ class HeadKernel:
         keys, values = cache.reserve(past + n, feature.new_empty(c.num_key_value_heads, 0, c.head_dim))
         cos, sin = self._rotation(past, n, positions)
         rows = None if mask is None else mask.contiguous()
-        spec = _Head(
+        step = _Step(
+            feature.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(),
+            _Mask(0, None, 0) if rows is None else _Mask(1, rows.data_ptr(), past + n),
+            ctypes.pointer(self._head_spec(keep, logits)),
+        )  # fmt: skip
+        view = _LayerCacheView(keys.data_ptr(), values.data_ptr(), keys.shape[1])
+        self._call(view, emb, step)
+        cache.length = past + n
+        return out, logits
+
+    def step_together(
+        self, emb: torch.Tensor, feature: torch.Tensor, caches: Sequence[HeadCache], counts: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step over several sequences' chains: `counts[i]` rows of sequence i, in order, each
+        after its own `caches[i]`. The outputs [n, h], and the logits of each sequence's last row
+        [len(caches), draft vocabulary]. The weights stream once for every sequence; each row's
+        sums are those `step_logits` gives it alone."""
+        c = self.c
+        emb, feature = emb.contiguous(), feature.contiguous()
+        out = torch.empty_like(feature)
+        logits = feature.new_empty(len(caches), c.draft_vocab_size)
+        like = feature.new_empty(c.num_key_value_heads, 0, c.head_dim)
+        pasts = [len(cache) for cache in caches]
+        cos, sin = self._rotation(0, 0, torch.cat([torch.arange(p, p + n) for p, n in zip(pasts, counts)]))
+        views = (_LayerCacheView * len(caches))()
+        segments = (_Segment * len(caches))()
+        first = 0
+        for j, (cache, past, n) in enumerate(zip(caches, pasts, counts, strict=True)):
+            keys, values = cache.reserve(past + n, like)
+            views[j] = _LayerCacheView(keys.data_ptr(), values.data_ptr(), keys.shape[1])
+            view = ctypes.addressof(views) + j * ctypes.sizeof(_LayerCacheView)
+            segments[j] = _Segment(
+                first, n, past, ctypes.cast(view, ctypes.POINTER(_LayerCacheView)), _Mask(0, None, 0)
+            )
+            first += n
+        spec = self._head_spec(len(caches), logits)
+        spec.last_of_each = 1
+        step = _Step(
+            feature.data_ptr(), out.data_ptr(), first, 0, cos.data_ptr(), sin.data_ptr(), _Mask(0, None, 0),
+            ctypes.pointer(spec), len(caches), segments,
+        )  # fmt: skip
+        self._call(None, emb, step)
+        for cache, past, n in zip(caches, pasts, counts):
+            cache.length = past + n
+        return out, logits
+
+    def _head_spec(self, keep: int, logits: torch.Tensor) -> _Head:
+        c, head = self.c, self.head
+        return _Head(
             _ptr(head.norm.weight), c.rms_norm_eps, _ptr(self.lm_head), _ptr(self.lm_panels),
             _ptr(head.lm_head.bias), c.hidden_size, c.draft_vocab_size, keep, logits.data_ptr(), self.half,
         )  # fmt: skip
-        step = _Step(
-            feature.data_ptr(), out.data_ptr(), n, past, cos.data_ptr(), sin.data_ptr(),
-            _Mask(0, None, 0) if rows is None else _Mask(1, rows.data_ptr(), past + n), ctypes.pointer(spec),
-        )  # fmt: skip
-        view = _LayerCacheView(keys.data_ptr(), values.data_ptr(), keys.shape[1])
+
+    def _call(self, view: _LayerCacheView | None, emb: torch.Tensor, step: _Step) -> None:
         eagle = _EagleInput(emb.data_ptr(), self.hidden_norm.data_ptr())
         library().eagle_layer(
-            ctypes.byref(self.layer), ctypes.byref(view), ctypes.byref(eagle), ctypes.byref(step)
-        )
-        cache.length = past + n
-        return out, logits
+            ctypes.byref(self.layer), None if view is None else ctypes.byref(view), ctypes.byref(eagle),
+            ctypes.byref(step),
+        )  # fmt: skip

@@ -392,7 +392,9 @@ struct LayerCache {
   int64_t capacity;
 };
 
-// The model's final norm and output layer, over the last `keep` rows.
+// The model's final norm and output layer, over the last `keep` rows; or, in a
+// step over several sequences with `last_of_each` set, over each one's last row
+// (keep is then their number): a draft head drafting for a batch needs no more.
 struct Head {
   const float* norm;  // [hidden]
   float eps;
@@ -400,6 +402,7 @@ struct Head {
   int64_t hidden, vocab, keep;
   float* logits;  // [keep, vocab]
   int64_t half;   // 1: w is float16 rows (uint16_t bits), without panels
+  int64_t last_of_each;
 };
 
 // One sequence's rows in a step over several (a batch): rows [first, first + n)
@@ -539,12 +542,16 @@ static void layer_rows(const Layer* l, int64_t layer, const Rows& rows, const St
   product(act, l->down, l->down_panels, l->down_bias, x, x, n, I, D, shares, number + 3, l->half);
 }
 
-// The logits of the last rows of x [n, hidden], in a parallel region, each
-// thread normalising them into rows of its own (as layer_rows does).
-static void head_rows(const Head& h, const float* x, int64_t n, Share* shares, uint64_t number) {
+// The logits of the head's rows of x [n, hidden] (see Head), in a parallel
+// region, each thread normalising them into rows of its own (as layer_rows does).
+static void head_rows(const Head& h, const Rows& rows, const float* x, int64_t n, Share* shares, uint64_t number) {
   const int64_t D = h.hidden;
   float* normed = scratch(kOwnRows, h.keep * D);
-  for (int64_t r = 0; r < h.keep; r++) rmsnorm_row(x + (n - h.keep + r) * D, h.norm, normed + r * D, D, h.eps);
+  for (int64_t r = 0; r < h.keep; r++) {
+    const Segment* own = h.last_of_each ? &rows.segments[r] : nullptr;
+    const int64_t row = own ? own->first + own->n - 1 : n - h.keep + r;
+    rmsnorm_row(x + row * D, h.norm, normed + r * D, D, h.eps);
+  }
   product(normed, h.w, h.panels, h.bias, nullptr, h.logits, h.keep, D, h.vocab, shares, number, h.half);
 }
 
@@ -565,7 +572,7 @@ extern "C" void llama_layers(const Layer* layers, const LayerCache* caches, int6
   {
     for (int64_t i = 0; i < count; i++)
       layer_rows(&layers[i], i, rows, *s, s->out, buffers, shares.data(), 4 * i + 1);
-    if (s->head) head_rows(*s->head, s->out, s->n, shares.data(), 4 * count + 1);
+    if (s->head) head_rows(*s->head, rows, s->out, s->n, shares.data(), 4 * count + 1);
   }
 }
 
@@ -580,7 +587,7 @@ extern "C" void eagle_layer(const Layer* layer, const LayerCache* cache, const E
 #pragma omp parallel num_threads(team())
   {
     layer_rows(layer, 0, rows, *s, s->out, buffers, shares.data(), 1, eagle);
-    if (s->head) head_rows(*s->head, s->out, s->n, shares.data(), 5);
+    if (s->head) head_rows(*s->head, rows, s->out, s->n, shares.data(), 5);
   }
 }
 
@@ -605,6 +612,7 @@ extern "C" void struct_layout(int64_t* out) {
       sizeof(Mask),     sizeof(Layer),        sizeof(LayerCache), sizeof(Head),
       sizeof(Segment),  offsetof(Segment, caches), offsetof(Segment, mask), sizeof(Step),
       offsetof(Step, head), offsetof(Step, segments), offsetof(Step, segment), sizeof(Attention),
+      offsetof(Head, last_of_each),
   };
   std::copy(std::begin(layout), std::end(layout), out);
 }
