@@ -69,6 +69,27 @@ class HybridDraft(Draft):
             proposal.source = "head"
         return proposal
 
+    def drafts_together(self) -> bool:
+        return self.head.drafts_together()
+
+    def propose_together(self, drafts, seqs, ks, sampling, generators, stops) -> list[Proposal]:
+        """The sequences that copy draft one by one with n-gram lookup; the others with the head,
+        in its shared steps: each sequence drafts what its own `propose` would."""
+        copies = [k > 0 and d._copies(seq) for d, seq, k in zip(drafts, seqs, ks, strict=True)]
+        head_ks = [0 if c else min(k, d.head_k or k) for d, k, c in zip(drafts, ks, copies, strict=True)]
+        heads = self.head.propose_together(
+            [d.head for d in drafts], seqs, head_ks, sampling, generators, stops
+        )
+        proposals = []
+        for d, seq, k, g, stop, c, from_head in zip(
+            drafts, seqs, ks, generators, stops, copies, heads, strict=True
+        ):
+            proposal = d.ngram.propose(seq, k, sampling, g, stop) if c else from_head
+            if k > 0:
+                proposal.source = "ngram" if c else "head"
+            proposals.append(proposal)
+        return proposals
+
     def propose_tree(self, seq, depth, shape, stop_ids):
         source = "ngram" if self._copies(seq) else "head"
         tree = getattr(self, source).propose_tree(seq, depth, shape, stop_ids)
