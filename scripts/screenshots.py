@@ -4,7 +4,8 @@
 
 Serves the app on a free port of this machine, opens it in Debian's Chromium (Playwright), and
 for each tab saves `<tab>-<theme>-<device>.png`, and `explore-step-<theme>-<device>.png`: Explore's
-step-through at its first round's check stage (the target reading every guess in one pass). The app
+step-through at its first round's check stage (the target reading every guess in one pass), and
+`explore-gpu-<theme>-<device>.png`: Explore's "On a GPU" section opened. The app
 opens on its example run, so Explore shows a filled timeline without running a model.
 """
 
@@ -52,6 +53,16 @@ def shoot_check_stage(page, path: Path, phone: bool) -> None:
     timeline.screenshot(path=path)
 
 
+def shoot_on_gpu(page, path: Path, phone: bool) -> None:
+    """Explore's "On a GPU" section opened: the example run priced on the recorded GPUs."""
+    open_tab(page, "Explore", phone)
+    section = page.locator("#on-gpu")
+    section.get_by_text("On a GPU").first.click()
+    page.wait_for_timeout(800)
+    section.scroll_into_view_if_needed()
+    section.screenshot(path=path)
+
+
 def shoot(folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     demo, url = serve()
@@ -74,6 +85,9 @@ def shoot(folder: Path) -> list[Path]:
                         saved.append(path)
                     path = folder / f"explore-step-{theme}-{device}.png"
                     shoot_check_stage(page, path, device == "phone")
+                    saved.append(path)
+                    path = folder / f"explore-gpu-{theme}-{device}.png"
+                    shoot_on_gpu(page, path, device == "phone")
                     saved.append(path)
                     context.close()
             browser.close()

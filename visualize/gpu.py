@@ -37,12 +37,16 @@ def _measured(trace: Trace) -> str:
 
 
 def _priced(trace: Trace, pricing: GpuPricing) -> str:
-    heading, card = _heading(pricing.figures), md_escape(pricing.figures.card)
+    heading = _heading(pricing.figures)
     if pricing.unpriced:
         return f"{heading}: {md_escape(pricing.unpriced)}."
     k, measured = trace.meta.policy.k, _measured(trace)
+    device = trace.meta.device or ""
+    where = (
+        "CPU" if device == "cpu" else "GPU" if device.startswith("cuda") else md_escape(device) or "machine"
+    )
     rows = [
-        f"| k | this run, measured here | predicted speedup on the {card} | predicted tok/s there |",
+        f"| k | this run, measured on its {where} | predicted speedup | predicted tok/s |",
         "|---|---|---|---|",
         *(
             f"| {p.k} | {measured if p.k == k else '–'} | ×{p.speedup:.2f} | {p.tokens_per_s:.1f} |"
