@@ -581,7 +581,7 @@ def test_the_classroom_examples_say_what_each_shows(page):
     page.wait_for_function("!document.querySelector('#race .sl-race-play')", timeout=30_000)
     assert page.locator("#timeline [data-round]").count() == 0
     assert page.locator("#cards .sl-card, #cards .sl-recorded").count() == 0
-    assert "Press Run to decode this example" in page.locator("#timeline").inner_text()
+    assert page.locator("#sentence").inner_text().strip() == "Run a prompt first."
 
 
 def test_theory_simulation(page):

@@ -102,7 +102,10 @@ def test_choosing_an_example_empties_the_run_before_and_says_what_the_example_is
     assert len(views) == len(chosen.outputs)
     assert cards_of(views) == "" and views[explore.EXPLORE_OUTPUTS.index("text")] == ""
     assert views[explore.EXPLORE_OUTPUTS.index("trace_state") + explore.CHARTS - 1] is None  # the race clears
-    assert "data-round" not in views[0] and "Press Run to decode this example" in views[0]
+    assert (
+        "data-round" not in views[0]
+        and views[explore.EXPLORE_OUTPUTS.index("sentence") + explore.CHARTS - 1] == explore.NO_RUN
+    )
     status = views[-1]
     assert status.startswith(f"**Classroom example: speculation loses, {example.lesson}.**")
     assert (

@@ -45,6 +45,7 @@ EXPLORE_OUTPUTS = (
 )
 CHARTS = 4  # what trace_figures draws
 EXAMPLE_RUN = "summarization-ngram-greedy"  # what a first visit sees before running anything
+NO_RUN = "Run a prompt first."  # the round's sentence where there is no run
 
 
 def trace_views(trace: Trace, recorded: str = "") -> list:
@@ -120,8 +121,9 @@ def example_run() -> list:
 def chosen_example(prompt: str) -> list:
     """Explore's views emptied once an example is chosen (the run on show was of another prompt), and
     the status line saying what the example is: nothing on screen then speaks of another run."""
-    empty = [empty_timeline_html("Press Run to decode this example."), "", ""]
-    return [*empty, *[None] * (CHARTS + 3), round_slider(0), "", tree_view(None), chosen_line(prompt)]
+    # The timeline and sentence as explain_round leaves them without a run: the slider's reset may call it.
+    empty = [empty_timeline_html(), "", ""]
+    return [*empty, *[None] * (CHARTS + 3), round_slider(0), NO_RUN, tree_view(None), chosen_line(prompt)]
 
 
 def _stream_rounds(config: RunConfig, budget: RunBudget, rest: list, draft: Draft | None) -> Iterator[list]:
@@ -181,7 +183,7 @@ def gpu_view(trace_dict: dict | None) -> str:
 def explain_round(trace_dict: dict | None, round_no: float):
     """The timeline with one round selected, its sentence, and its tree."""
     if not trace_dict:
-        return empty_timeline_html(), "Run a prompt first.", tree_view(None)
+        return empty_timeline_html(), NO_RUN, tree_view(None)
     trace = Trace.from_dict(trace_dict)
     if not trace.rounds:
         return timeline_html(trace), "This run has no rounds.", tree_view(None)
