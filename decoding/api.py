@@ -336,9 +336,7 @@ class PreparedBatch:
 
 def prepare_batch(config: RunConfig, prompts: Sequence[str], sizes: Sequence[int]) -> PreparedBatch:
     """Load and encode for batched runs of `sizes` sequences at once; a size the prompt set or the
-    memory for the batch's caches cannot hold is refused in one line (chains only)."""
-    if config.tree_nodes:
-        raise SpecLensError("batched decoding drafts chains: set tree nodes to 0")
+    memory for the batch's caches cannot hold is refused in one line."""
     if not prompts:
         raise SpecLensError("a batched run needs prompts")
     for size in sizes:
@@ -358,6 +356,8 @@ def prepare_batch(config: RunConfig, prompts: Sequence[str], sizes: Sequence[int
     draft = build_draft(config.draft, target)
     if draft is None:
         raise SpecLensError("a speculative run needs a draft: ngram, layers:N, head or a model name")
+    if config.tree_nodes and not draft.drafts_trees:
+        raise SpecLensError(f"a {draft.kind} draft cannot draft a token tree yet: set tree nodes to 0")
     return PreparedBatch(config, target, draft, ids, eos_ids(target.model, target.tokenizer), list(prompts))
 
 
@@ -380,7 +380,8 @@ def decode_batch(
     """Every prompt, `size` at a time (continuous batching): plainly, or speculatively with the
     config's draft and policy. Raises RunStopped when `should_stop` ends it."""
     c = batch.config
-    settings = BatchSettings(size, c.sampling, c.max_new_tokens, batch.eos)
+    tree = TreeShape(c.tree_nodes, c.branch) if c.tree_nodes else None
+    settings = BatchSettings(size, c.sampling, c.max_new_tokens, batch.eos, tree)
     policy = (lambda: make_policy(c.policy, c.k, c.confidence)) if speculative else None
     return batch_generate(
         batch.target.model, batch.prompt_ids, settings, batch.draft if speculative else None, policy
@@ -391,9 +392,10 @@ def batch_run_traces(batch: PreparedBatch, run: BatchRun) -> list[Trace]:
     """A speculative batched run's sequences, each as a Trace (Replay reads them as any trace)."""
     c, text = batch.config, token_texts(batch.target.tokenizer)
     policy = make_policy(c.policy, c.k, c.confidence)
+    tree = TreeShape(c.tree_nodes, c.branch) if c.tree_nodes else None
     metas = [
         run_meta(
-            PreparedRun(replace(c, prompt=prompt), batch.target, batch.draft, ids, batch.eos, text, None),
+            PreparedRun(replace(c, prompt=prompt), batch.target, batch.draft, ids, batch.eos, text, tree),
             policy,
         )
         for prompt, ids in zip(batch.prompts, batch.prompt_ids, strict=True)

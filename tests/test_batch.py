@@ -21,6 +21,7 @@ from decoding import costmodel
 from decoding.core.batch import BatchSettings, batch_generate
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
+from decoding.core.tree import TreeShape
 from decoding.drafts import HybridDraft, LayerDraft, ModelDraft, NGramDraft
 from decoding.drafts.head import HeadDraft
 from decoding.drafts.head.model import HeadCache
@@ -129,6 +130,32 @@ def test_every_sequence_of_a_batch_is_its_own_plain_run_for_every_draft_source(k
             if name != "suffix":  # its corpus holds what the other sequences wrote so far
                 accepted = [[r.verdict.n_accepted for r in rounds] for rounds in run.rounds]
                 assert accepted == [[r.n_accepted for r in t.rounds] for t in alone], (name, size)
+        assert sum(t.totals.accepted for t in alone) > 0, name
+
+
+@pytest.mark.parametrize("kernel", [False, pytest.param(True, marks=needs_kernel)], ids=["modules", "kernel"])
+def test_every_sequence_of_a_batch_checking_token_trees_is_its_own_plain_run(kernel):
+    """Tree rounds at batch size 3, each sequence's tree checked in the shared pass through its own
+    positions and mask: every output is its plain run's and every sequence accepts, round by
+    round, what it accepts decoding alone with the same trees."""
+    target = _kernel_llama(0) if kernel else tiny_llama(seed=0)
+    plain = [autoregressive_generate(target, torch.tensor([p]), max_new_tokens=30).token_ids for p in PROMPTS]
+    shape = TreeShape(6, 2)
+    prompts = [torch.tensor([p]) for p in PROMPTS]
+    for name, draft in _drafts(target, target, kernel).items():
+        if not draft.drafts_trees:
+            continue
+        policy = lambda: make_policy("fixed", 3)  # noqa: E731
+        alone = [
+            speculative_generate(target, p, draft.fork(), policy(), max_new_tokens=30, tree=shape)
+            for p in prompts
+        ]
+        run = batch_generate(target, prompts, BatchSettings(3, Sampling(), 30, tree=shape), draft, policy)
+        assert run.outputs == plain, name
+        assert all(r.tree is not None for rounds in run.rounds for r in rounds), name
+        if name != "suffix":  # its corpus holds what the other sequences wrote so far
+            accepted = [[r.verdict.n_accepted for r in rounds] for rounds in run.rounds]
+            assert accepted == [[r.n_accepted for r in t.rounds] for t in alone], name
         assert sum(t.totals.accepted for t in alone) > 0, name
 
 

@@ -26,7 +26,19 @@ from .budget import RunStopped
 from .plain import Clock, StopCheck, prefill
 from .proposal import Draft, Proposal
 from .record import RoundResult, record_round
-from .speculative import Decoder, chain_inputs, check_chain, draft_chain, draft_chains, keep_agreed
+from .speculative import (
+    Decoder,
+    chain_inputs,
+    check_chain,
+    check_tree,
+    draft_chain,
+    draft_chains,
+    draft_tree,
+    keep_agreed,
+    keep_tree_path,
+    tree_check_inputs,
+)
+from .tree import TokenTree, TreeShape
 from .verify import warp
 
 
@@ -79,6 +91,7 @@ class BatchSettings:
     sampling: Sampling = field(default_factory=Sampling)
     max_new_tokens: int = 128
     eos_ids: Collection[int] = ()
+    tree: TreeShape | None = None  # token trees of this shape, k deep; None: chains
 
 
 def batch_generate(
@@ -91,7 +104,8 @@ def batch_generate(
 ) -> BatchRun:
     """Decode every prompt ([1, n] each) with at most `settings.size` at once: plainly where `draft` is
     None, else speculatively, each sequence drafting with its own fork of `draft` and its own `policy()`
-    (chains; a round's k is the policy's, capped so no round passes `max_new_tokens`).
+    (chains, or trees of `settings.tree`'s shape; a round's k is the policy's, capped so no round
+    passes `max_new_tokens`).
 
     `should_stop` is asked before every pass; a reason it gives raises RunStopped: a batch cut
     short measures nothing whole."""
@@ -155,7 +169,8 @@ def _join(target, prompts, index: int, settings: BatchSettings, draft, policy, n
     fork = dec = None
     if draft is not None:
         fork = draft.fork()
-        dec = Decoder(target, fork, settings.sampling, generator, set(settings.eos_ids), Clock(prompt.device))
+        eos = set(settings.eos_ids)
+        dec = Decoder(target, fork, settings.sampling, generator, eos, Clock(prompt.device), settings.tree)
     cache = prefill(target, prompt, fork)
     return Request(index, prompt, cache, dec, policy() if policy else None, generator, now_s)
 
@@ -175,27 +190,56 @@ def _plain_step(target, active: list[Request], settings: BatchSettings, clock, s
 
 
 def _speculative_step(target, active: list[Request], settings: BatchSettings, clock, start: float) -> Pass:
-    """One round for every sequence: each drafts on its own, one pass checks all their drafts, and
-    each keeps what its target rows agree with."""
-    proposals, draft_s = _draft_all(active, settings, clock)
-    inputs = [chain_inputs(s.seq, p) for s, p in zip(active, proposals, strict=True)]
-    rows = [i.shape[1] for i in inputs]
+    """One round for every sequence: each drafts (a chain or a tree), one pass checks all their
+    drafts, and each keeps what its target rows agree with."""
+    drafted, draft_s = (
+        _draft_trees(active, settings, clock) if settings.tree else _draft_all(active, settings, clock)
+    )
+    inputs = [_check_inputs(s, d) for s, d in zip(active, drafted, strict=True)]
+    rows = [ids.shape[1] for ids, _, _ in inputs]
     drafts = [s.dec.draft for s in active]
+    ids, positions, masks = (list(column) for column in zip(*inputs, strict=True))
     t = clock()
     with drafts[0].watching_together(drafts, rows):
-        logits = forward_batch(target, inputs, [s.cache for s in active])
+        logits = forward_batch(target, ids, [s.cache for s in active], positions, masks)
     pass_s = clock() - t
-    for s, proposal, own, n, d in zip(active, proposals, logits, rows, draft_s, strict=True):
+    for s, d, own, n, d_s in zip(active, drafted, logits, rows, draft_s, strict=True):
         t = clock()
         share = pass_s * n / sum(rows)
-        verdict = check_chain(s.dec, own, proposal)
-        # keep_agreed times the round from its third figure: this sequence's draft, its
-        # share of the pass and its own verdict, not the other sequences' drafting.
-        r = keep_agreed(s.dec, s.cache, s.seq, proposal, verdict, (d, share, t - d - share))
+        # Timed from its third figure: this sequence's draft, its share of the pass and its
+        # own verdict, not the other sequences' drafting.
+        r = _settle(s, own, d, (d_s, share, t - d_s - share))
         s.policy.update(r.verdict.n_accepted, len(r.proposal))
         s.rounds.append(r)
         _extend(s, r.new_tokens, r.finished, settings, clock() - start)
     return Pass(sum(rows), len(active), pass_s * 1e3)
+
+
+def _check_inputs(s: Request, drafted: Proposal | TokenTree) -> tuple:
+    """The ids, position ids and mask of a sequence's rows in the check (None, None: a chain's own)."""
+    if isinstance(drafted, TokenTree):
+        return tree_check_inputs(s.dec, s.seq, drafted)
+    return chain_inputs(s.seq, drafted), None, None
+
+
+def _settle(s: Request, logits: torch.Tensor, drafted: Proposal | TokenTree, times) -> RoundResult:
+    """Judge a sequence's draft by its rows of the pass and keep what was agreed."""
+    if isinstance(drafted, TokenTree):
+        return keep_tree_path(s.dec, s.cache, s.seq, drafted, check_tree(s.dec, logits, drafted), times)
+    return keep_agreed(s.dec, s.cache, s.seq, drafted, check_chain(s.dec, logits, drafted), times)
+
+
+def _draft_trees(
+    active: list[Request], settings: BatchSettings, clock
+) -> tuple[list[TokenTree], list[float]]:
+    trees, seconds = [], []
+    for s in active:
+        t = clock()
+        trees.append(
+            draft_tree(s.dec, s.seq, min(s.policy.next_k(), settings.max_new_tokens - len(s.output) - 1))
+        )
+        seconds.append(clock() - t)
+    return trees, seconds
 
 
 def _draft_all(active: list[Request], settings: BatchSettings, clock) -> tuple[list[Proposal], list[float]]:

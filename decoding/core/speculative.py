@@ -117,31 +117,61 @@ def tree_round(dec: Decoder, cache, seq: torch.Tensor, depth: int) -> RoundResul
     """Draft a tree up to `depth` deep, check every node in one target pass, keep the
     longest path the target agrees with; the caches afterwards as in `speculative_round`."""
     t0 = dec.clock()
-    tree = dec.draft.propose_tree(seq, depth, dec.tree, dec.eos) if depth > 0 else TokenTree()
+    tree = draft_tree(dec, seq, depth)
     t1 = dec.clock()
-    start = seq.shape[1]
-    ids, positions, mask = tree_inputs(tree, seq[0, -1], start - 1, dec.target.dtype)
+    ids, positions, mask = tree_check_inputs(dec, seq, tree)
     with dec.draft.watching_target():
         logits = forward(dec.target, ids, cache, position_ids=positions, mask=mask)
+    verdict = check_tree(dec, logits, tree)
+    t2 = dec.clock()
+    return keep_tree_path(dec, cache, seq, tree, verdict, (t1 - t0, t2 - t1, t0))
+
+
+def draft_tree(dec: Decoder, seq: torch.Tensor, depth: int) -> TokenTree:
+    """The draft's tree of `dec.tree`'s shape, up to `depth` deep, after `seq`."""
+    return dec.draft.propose_tree(seq, depth, dec.tree, dec.eos) if depth > 0 else TokenTree()
+
+
+def tree_check_inputs(
+    dec: Decoder, seq: torch.Tensor, tree: TokenTree
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the target's check of a tree reads: the last token of `seq` and every node, with
+    their positions and the mask that lets each see only its ancestors."""
+    return tree_inputs(tree, seq[0, -1], seq.shape[1] - 1, dec.target.dtype)
+
+
+def check_tree(dec: Decoder, logits: torch.Tensor, tree: TokenTree) -> TreeVerdict:
     greedy = dec.sampling.greedy
     probs = logits.float().softmax(-1) if greedy else warp(logits, dec.sampling)
-    verdict = verify_tree(logits, tree, probs, None if greedy else dec.generator)
-    t2 = dec.clock()
+    return verify_tree(logits, tree, probs, None if greedy else dec.generator)
 
+
+def keep_tree_path(
+    dec: Decoder,
+    cache,
+    seq: torch.Tensor,
+    tree: TokenTree,
+    verdict: TreeVerdict,
+    times: tuple[float, float, float],
+) -> RoundResult:
+    """Keep the accepted path in the target's cache and the draft's; the round's result
+    (`times` as in `keep_agreed`)."""
+    start = seq.shape[1]
     kept = [tree.tokens[i] for i in verdict.path]
     ended_in_draft = bool(kept) and kept[-1] in dec.eos  # a stop token's node has no children
     keep_path(cache, start, [start + i for i in verdict.path])
     dec.draft.rollback(start + len(kept), rows=[0] + [1 + i for i in verdict.path])
-    proposal, line = _main_line(tree, verdict, ended_in_draft, greedy, seq.device)
+    proposal, line = _main_line(tree, verdict, ended_in_draft, dec.sampling.greedy, seq.device)
+    draft_s, verify_s, began = times
     return RoundResult(
         proposal,
         line,
         kept if ended_in_draft else [*kept, verdict.emitted],
         None if ended_in_draft else verdict.emitted,
         ended_in_draft or verdict.emitted in dec.eos,
-        t1 - t0,
-        t2 - t1,
-        dec.clock() - t0,
+        draft_s,
+        verify_s,
+        dec.clock() - began,
         tree=(tree, verdict),
     )
 

@@ -58,14 +58,25 @@ def forward(
     return out.logits[0]
 
 
-def forward_batch(model: torch.nn.Module, ids: list[torch.Tensor], caches: list[Cache]) -> list[torch.Tensor]:
+def forward_batch(
+    model: torch.nn.Module,
+    ids: list[torch.Tensor],
+    caches: list[Cache],
+    position_ids: list[torch.Tensor | None] | None = None,
+    masks: list[torch.Tensor | None] | None = None,
+) -> list[torch.Tensor]:
     """Each sequence's logits [n_j, vocab] for its new tokens `ids[j]` ([1, n_j]) after its own
     cache `caches[j]`, all of them in one pass where the lean Llama pass runs (the linear layers
     over every row at once); elsewhere (the model's own forward, the GPU's static pass) a pass
-    per sequence, the same figures without the batching."""
+    per sequence, the same figures without the batching. A sequence checking a token tree gives
+    its `position_ids[j]` and `masks[j]`, as `forward` takes them."""
     if all(isinstance(c, llama.StepCache) for c in caches):
-        return llama.forward_batch(model, ids, caches)
-    return [forward(model, i, c) for i, c in zip(ids, caches, strict=True)]
+        return llama.forward_batch(model, ids, caches, position_ids, masks)
+    positions, masks = position_ids or [None] * len(ids), masks or [None] * len(ids)
+    return [
+        forward(model, i, c, position_ids=p, mask=m)
+        for i, c, p, m in zip(ids, caches, positions, masks, strict=True)
+    ]
 
 
 def crop(cache: Cache, length: int) -> None:

@@ -415,17 +415,30 @@ def forward(
 
 @torch.inference_mode()
 def forward_batch(
-    model: torch.nn.Module, ids: list[torch.Tensor], caches: list[StepCache]
+    model: torch.nn.Module,
+    ids: list[torch.Tensor],
+    caches: list[StepCache],
+    position_ids: list[torch.Tensor | None] | None = None,
+    masks: list[torch.Tensor | None] | None = None,
 ) -> list[torch.Tensor]:
     """Logits [n_j, vocab] for each sequence's new tokens `ids[j]` ([1, n_j]) after its own cached
     ones, in one pass: the linear layers run over the rows of every sequence at once (where batching
     pays: the weights are read once for all of them), attention sequence by sequence. Each row gets
-    the bits it gets in a pass of its sequence alone."""
+    the bits it gets in a pass of its sequence alone. A sequence checking a tree gives its
+    `position_ids[j]` and `masks[j]` as `forward` takes them."""
+    masks = masks or [None] * len(ids)
     parts = [
-        _Part(cache, cache.get_seq_length(), t.shape[1], None) for t, cache in zip(ids, caches, strict=True)
+        _Part(cache, cache.get_seq_length(), t.shape[1], m)
+        for t, cache, m in zip(ids, caches, masks, strict=True)
     ]
     device = ids[0].device
-    positions = torch.cat([torch.arange(p.past, p.past + p.n, device=device) for p in parts])[None]
+    given = position_ids or [None] * len(ids)
+    positions = torch.cat(
+        [
+            torch.arange(p.past, p.past + p.n, device=device) if at is None else at.view(-1)
+            for p, at in zip(parts, given, strict=True)
+        ]
+    )[None]
     logits = _pass(model, torch.cat(ids, dim=1), positions, parts, sum(p.n for p in parts))
     return list(logits.split([p.n for p in parts]))
 
