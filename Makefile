@@ -27,10 +27,15 @@ run: setup
 browser:
 	@command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each on one thread: most tests are tiny
+# models, the app or the browser, which keep one core busy at most, so one more process than cores
+# fills the gaps; one thread each keeps OpenMP's spinning threads from fighting over the cores.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+
 test: setup browser
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 # No SmolLM2, no app, no browser (about 280 tests, 2 minutes on 2 cores): for the edit-test loop.
 test-fast: $(VENV)/.installed

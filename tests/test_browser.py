@@ -108,7 +108,8 @@ def test_explore_run_timeline_charts_and_download(page):
     priced = price_on_gpu(trace, h200)
     page.locator("#on-gpu").get_by_text("On a GPU").click()
     page.wait_for_function(
-        "s => document.querySelector('#on-gpu-table').innerText.includes(s)",
+        # The section's body renders once it is opened: null until then.
+        "s => document.querySelector('#on-gpu-table')?.innerText.includes(s)",
         arg=f"×{trace.totals.speedup:.2f}",
         timeout=30_000,
     )

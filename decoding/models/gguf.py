@@ -32,7 +32,11 @@ def convert_gguf(gguf: Path, cache_name: str) -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         # Rename last, so an interrupted conversion never looks finished.
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process converted it first: theirs stands
+            if not (out / "config.json").exists():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
