@@ -119,7 +119,7 @@ class HeadDraft(Draft):
     @torch.inference_mode()
     def propose(self, seq, k, sampling, generator, stop=None):
         read = self._read_target(seq)
-        if read is None:
+        if read is None or k < 1:
             return empty_proposal(seq.device)  # draft nothing
         out, logits = read
         chain = _Chain()
