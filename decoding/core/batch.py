@@ -56,7 +56,7 @@ class Request:
     """One sequence in flight: its tokens so far (prompt and output), its cache and its decoder."""
 
     index: int  # its prompt's place in the run's prompts
-    seq: torch.Tensor  # [1, n]
+    seq: torch.Tensor  # [1, n]; plain decoding keeps only the last token, all its next pass reads
     cache: object
     dec: Decoder | None  # None: plain decoding
     policy: Policy | None
@@ -185,7 +185,8 @@ def _plain_step(target, active: list[Request], settings: BatchSettings, clock, s
             token = rows[-1].argmax()
         else:
             token = torch.multinomial(warp(rows[-1], settings.sampling), 1, generator=s.generator)[0]
-        _extend(s, [int(token)], int(token) in settings.eos_ids, settings, clock() - start)
+        value = int(token)
+        _extend(s, [value], value in settings.eos_ids, settings, clock() - start, last=token)
     return Pass(len(active), len(active), ms)
 
 
@@ -263,8 +264,20 @@ def _draft_all(active: list[Request], settings: BatchSettings, clock) -> tuple[l
     return proposals, [spent * n / total if total else spent / len(active) for n in drafted]
 
 
-def _extend(s: Request, tokens: list[int], ended: bool, settings: BatchSettings, now_s: float) -> None:
-    s.seq = torch.cat([s.seq, torch.tensor([tokens], device=s.seq.device)], dim=1)
+def _extend(
+    s: Request,
+    tokens: list[int],
+    ended: bool,
+    settings: BatchSettings,
+    now_s: float,
+    last: torch.Tensor | None = None,
+) -> None:
+    # Plain decoding's next pass reads only its last token (`last`): kept alone, not copied onto the
+    # whole sequence each step, so batch 1 costs what the single loop does.
+    if last is not None:
+        s.seq = last.view(1, 1)
+    else:
+        s.seq = torch.cat([s.seq, torch.tensor([tokens], device=s.seq.device)], dim=1)
     s.output += tokens
     s.token_times_s += [now_s] * len(tokens)
     s.finished = ended or len(s.output) >= settings.max_new_tokens
