@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import time
 import warnings
 
 import pytest
@@ -76,6 +78,19 @@ def test_choices_are_measured_once_per_kernel_and_machine_then_read_back(lib, tm
     # A file left by another kernel (or another machine) is not this one's: measured again.
     kernel.with_suffix(".tuning.json").write_text(json.dumps(saved | {"kernel": "rowlinear-native-old.so"}))
     assert tuning.tune(lib, kernel) == "measured"
+
+
+def test_a_winning_candidate_comes_back_as_a_copy_so_the_candidate_lists_stay_as_written(lib):
+    # A pass that is twice as fast with one choice: it wins, and what tune() merges into it must
+    # not reach the list (pytest names this file's tests by those lists, alike in every worker).
+    def one_pass(rows: int) -> None:
+        time.sleep(0.002 if kernel_choices()["prefetch_weight_rows_ahead"] == 16 else 0.004)
+
+    written = copy.deepcopy(tuning.ROW_CANDIDATES)
+    best = tuning.fastest(lib, tuning.ROW_CANDIDATES, one_pass, (1, 3))
+    assert best == {"prefetch_weight_rows_ahead": 16}
+    best |= {"threads_per_product": 1}
+    assert written == tuning.ROW_CANDIDATES
 
 
 def test_a_new_kernel_source_gets_a_new_file_and_so_a_new_tuning():
