@@ -188,3 +188,5 @@ def test_price_on_the_command_line(tmp_path, capsys):
     bad.write_text("{")
     assert main(["price", str(bad)]) == 2
     assert capsys.readouterr().err.startswith("error: not a SpecLens trace")
+    assert main(["price", str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.strip().endswith("missing.json: No such file or directory")

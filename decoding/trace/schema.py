@@ -419,6 +419,8 @@ class Trace:
             raise TraceError(
                 "not a SpecLens trace: the file is not text (a trace is JSON in UTF-8)"
             ) from None
+        except OSError as exc:  # missing, a folder, unreadable
+            raise TraceError(f"cannot read the trace {path}: {exc.strerror or exc}") from None
         return cls.from_json(text)
 
 
