@@ -24,6 +24,7 @@ from .bench import BenchConfig, run_bench
 from .compare import compare, parse_drafts
 from .gpu_figures import BENCHMARKS, price_lines, recorded
 from .probe import concurrency_what_if, measure, verify_ratios
+from .promote_head import DEV_PROMPTS, PromoteConfig, promote_head
 from .prompts import read_prompts
 from .server_bench import run_server_bench
 from .sweep import BestSetting, best_of, parse_sizes, progress_reporter, sweep, tree_sweep
@@ -105,6 +106,30 @@ def _add_bench_command(sub) -> None:
     )
 
 
+def _add_promote_head_command(sub) -> None:
+    p = sub.add_parser(
+        "promote-head",
+        help="a new head against the shipped one on the dev prompts, in one run; --install replaces "
+        "the shipped head only where the new one beats it",
+    )
+    p.add_argument("candidate", type=Path, help="the new head's folder (train-head --out)")
+    p.add_argument(
+        "--prompts",
+        type=Path,
+        default=DEV_PROMPTS,
+        help="Spec-Bench style JSONL to measure on (never trained on)",
+    )
+    p.add_argument("--limit", type=int, default=2, help="prompts per category")
+    p.add_argument("--shipped", type=Path, help="the head to beat (default: assets/heads/<target>)")
+    p.add_argument(
+        "--install", action="store_true", help="replace the shipped head's files when the new head beats it"
+    )
+    add_run_flags(
+        p, leave_out=("prompt", "draft", "baseline", "tree_nodes", "branch", "policy", "confidence")
+    )
+    p.set_defaults(k=3)
+
+
 def _add_compare_command(sub) -> None:
     c = sub.add_parser(
         "compare", help="one prompt, several draft sources, each against plain runs of its own, one table"
@@ -147,6 +172,7 @@ def _add_tool_commands(sub) -> None:
         "--figures", type=Path, default=BENCHMARKS, help="the folder that holds the gpu-*/ figures"
     )
     _add_train_head_command(sub)
+    _add_promote_head_command(sub)
     _add_training_prompts_command(sub)
     p = sub.add_parser(
         "prepare", help="convert offline presets into the model cache, or download hub models (once)"
@@ -342,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         "price": _price,
         "metrics": _metrics,
         "train-head": lambda a: _train_head(a, _command(argv)),
+        "promote-head": _promote_head,
         "training-prompts": _training_prompts,
         "compare": _compare,
     }
@@ -566,6 +593,23 @@ def _training_prompts(args: argparse.Namespace) -> int:
     summary = write_training_prompts(args.out, sources, args.dev)
     args.out.with_suffix(".summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
+    return 0
+
+
+def _promote_head(args: argparse.Namespace) -> int:
+    cfg = PromoteConfig(
+        args.candidate, args.prompts, run_config(args, draft="head"), args.shipped, args.limit, args.install
+    )
+    verdict = promote_head(cfg, lambda line: print(line, file=sys.stderr))
+    for name, score in (("shipped", verdict.shipped), ("candidate", verdict.candidate)):
+        print(
+            f"{name:<10} {score.tokens_per_round:.2f} tokens a round, ×{score.speedup:.2f} against plain decoding"
+        )
+    print(verdict.reason)
+    if verdict.installed:
+        print(f"installed: {cfg.shipped or 'the shipped head'} now holds {args.candidate}'s files")
+    elif verdict.promoted:
+        print("not installed (--install replaces the shipped head)")
     return 0
 
 
