@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -18,7 +19,7 @@ from app.tabs.production import batch_line
 from app.tabs.theory import with_measured_batches
 from app.tabs.traffic import open_measured
 from decoding import costmodel
-from decoding.core.batch import BatchSettings, batch_generate
+from decoding.core.batch import BatchRun, BatchSettings, Pass, batch_generate
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
 from decoding.core.tree import TreeShape
@@ -31,7 +32,7 @@ from decoding.runtime.forward import forward, forward_batch, new_cache
 from decoding.runtime.rowlinear import use_row_kernel
 from decoding.settings.policies import make_policy
 from decoding.settings.sampling import Sampling
-from decoding.tools.batch_bench import BATCH_COLUMNS, BatchResults, save_measured
+from decoding.tools.batch_bench import BATCH_COLUMNS, BatchResults, full_batch_tps, save_measured
 from decoding.tools.cli import main
 from decoding.trace import Trace, validate
 from visualize.batch import busy_note, draft_kind, engine_configs, spread_note, why_sentence
@@ -236,7 +237,9 @@ def test_bench_batch_writes_a_row_per_batch_size(tiny_prompt_set, tmp_path, caps
     assert table["identical"].all() and (table["tokens_per_s_plain"] > 0).all()
     assert table["predicted_speedup"].between(0.05, 20).all()
     assert table["tokens_per_s_plain_single"].notna().tolist() == [True, False, False]
+    assert (table["full_batch_tokens_per_s_plain"] > 0).all()
     summary = (out / "summary.md").read_text()
+    assert "with the batch full" in summary and "B = 4: " in summary
     assert "| 4 |" in summary and "num_speculative_tokens_per_batch_size" in summary
     assert "batch 4:" in capsys.readouterr().out
     # Each sequence of each batch size's run, as a trace Replay reads: its rounds' share of each pass.
@@ -245,6 +248,14 @@ def test_bench_batch_writes_a_row_per_batch_size(tiny_prompt_set, tmp_path, caps
     assert (trace.meta.batch_size, trace.meta.batch_sequence, trace.meta.prompt) == (4, 2, "x y z x y z x y")
     assert all(r.pass_rows >= r.drafted + 1 and r.verify_ms <= r.pass_ms for r in trace.rounds)
     assert len(list((tmp_path / "traces").glob("b*.json"))) == 3 * 4
+
+
+def test_a_full_batchs_throughput_counts_only_the_passes_with_every_sequence_in():
+    # Four sequences at most: two full passes (4 tokens in 20 ms each), then the tail's 3 and 1.
+    passes = [Pass(4, 4, 20.0), Pass(4, 4, 20.0), Pass(3, 3, 19.0), Pass(1, 1, 15.0)]
+    run = BatchRun([[1] * 3] * 4, [[]] * 4, [[]] * 4, [[]] * 4, [0.0] * 4, passes, 0.1, 0.02, 4)
+    assert full_batch_tps(run) == pytest.approx(8 / 0.040)
+    assert math.isnan(full_batch_tps(replace(run, passes=passes[2:])))
 
 
 @pytest.mark.parametrize(

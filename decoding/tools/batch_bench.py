@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,7 @@ BATCH_COLUMNS = [
     "tokens_per_s_speculative",
     "decode_tokens_per_s_plain",
     "decode_tokens_per_s_speculative",
+    "full_batch_tokens_per_s_plain",
     "speedup",
     "speedup_low",
     "speedup_high",
@@ -183,6 +185,16 @@ def _decode_tps(run: BatchRun) -> float:
     return sum(len(o) for o in run.outputs) / (run.wall_s - run.prefill_s)
 
 
+def full_batch_tps(run: BatchRun) -> float:
+    """Plain decoding's tokens/s over its passes with the batch full (every one of `size` sequences
+    in it): a step's own throughput at this batch size, as a server with a queue keeps it, without
+    the tail of a prompt set that leaves fewer sequences than the batch holds. Pass time only (the
+    bookkeeping between passes is a few percent)."""
+    full = [p for p in run.passes if p.sequences == run.size]
+    ms = sum(p.ms for p in full)
+    return sum(p.sequences for p in full) / ms * 1e3 if ms else math.nan
+
+
 def _ms_per_token(run: BatchRun) -> list[float]:
     """Each sequence's wait per token: from its prefill's start to its last token, by its tokens."""
     return [
@@ -209,6 +221,7 @@ def _row(m: Measured, k: int, verify_ms: Callable[[float], float]) -> dict:
         "tokens_per_s_speculative": statistics.median(_tps(spec) for _, spec in m.pairs),
         "decode_tokens_per_s_plain": statistics.median(_decode_tps(plain) for plain, _ in m.pairs),
         "decode_tokens_per_s_speculative": statistics.median(_decode_tps(spec) for _, spec in m.pairs),
+        "full_batch_tokens_per_s_plain": statistics.median(full_batch_tps(plain) for plain, _ in m.pairs),
         "speedup": statistics.median(speedups),
         "speedup_low": min(speedups),
         "speedup_high": max(speedups),
@@ -309,6 +322,7 @@ def summary_markdown(df: pd.DataFrame, meta: dict) -> str:
         f"Pass times by rows (medians): {passes}.",
         f"k by batch size (vLLM `num_speculative_tokens_per_batch_size`): {json.dumps(meta['k_per_batch_size'])}.",
     ]
+    notes.append(_full_batch_note(df))
     single = df.dropna(subset=["tokens_per_s_plain_single"])
     for r in single.itertuples():
         notes.append(
@@ -317,6 +331,21 @@ def summary_markdown(df: pd.DataFrame, meta: dict) -> str:
             f"{r.tokens_per_s_speculative_single:.1f} tok/s."
         )
     return f"{head}\n\n`{meta['command']}`\n\n" + "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
+
+
+def _full_batch_note(df: pd.DataFrame) -> str:
+    """Plain decoding's passes with the batch full, by batch size, against batch 1's."""
+    one = df.loc[df.batch == 1, "full_batch_tokens_per_s_plain"]
+    base = float(one.iloc[0]) if len(one) else math.nan
+    figures = ", ".join(
+        f"B = {r.batch}: {r.full_batch_tokens_per_s_plain:.1f}"
+        + (f" (×{r.full_batch_tokens_per_s_plain / base:.2f})" if r.batch > 1 and base > 0 else "")
+        for r in df.itertuples()
+    )
+    return (
+        "Plain decoding's tokens/s over its passes with the batch full (the step's own throughput, "
+        f"without the prompt set's tail of fewer sequences; against batch 1): {figures}."
+    )
 
 
 def measured_file(target: str) -> Path:
