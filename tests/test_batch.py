@@ -273,7 +273,6 @@ def test_bench_batch_refuses_a_batch_it_cannot_run_in_one_line(
 
 
 @needs_kernel
-@needs_kernel
 def test_a_heads_shared_step_gives_each_sequence_what_its_own_step_gives():
     """The head's step over several sequences' rows (1 to 5 each, after caches of different
     lengths): each sequence's output rows, last-row logits and cache are bit for bit its own step's."""
