@@ -321,8 +321,8 @@ def summary_markdown(df: pd.DataFrame, meta: dict) -> str:
         "acceptance, draft and bookkeeping costs, never from the measured speedup.",
         f"Pass times by rows (medians): {passes}.",
         f"k by batch size (vLLM `num_speculative_tokens_per_batch_size`): {json.dumps(meta['k_per_batch_size'])}.",
+        _full_batch_note(df),
     ]
-    notes.append(_full_batch_note(df))
     single = df.dropna(subset=["tokens_per_s_plain_single"])
     for r in single.itertuples():
         notes.append(

@@ -10,8 +10,8 @@ plain decoding wrote. Only then, and only when asked to, are the shipped head's 
 
 from __future__ import annotations
 
-import math
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -106,9 +106,10 @@ def _shipped(target: str) -> Path:
 
 def _measure(runs: dict[str, RunConfig], prompts: list[str], say: Callable[[str], None]) -> dict[str, list]:
     """(tokens, rounds, speedup, identical) of each head on each prompt; a warm-up run of each first."""
-    drafts = {name: api.prepare(replace(c, prompt=prompts[0])).draft for name, c in runs.items()}
-    for name, c in runs.items():  # first calls allocate: kept out of the figures
-        api.speculative(api.prepare(replace(c, prompt=prompts[0]), drafts[name]))
+    warm = {name: api.prepare(replace(c, prompt=prompts[0])) for name, c in runs.items()}
+    for run in warm.values():  # first calls allocate: kept out of the figures
+        api.speculative(run)
+    drafts = {name: run.draft for name, run in warm.items()}
     measured: dict[str, list] = {name: [] for name in runs}
     for i, prompt in enumerate(prompts):
         order = list(runs) if i % 2 == 0 else list(reversed(runs))
@@ -129,7 +130,7 @@ def _head_run(config: RunConfig, prompt: str, draft: Draft) -> Trace:
 
 def _score(rows: list[tuple[int, int, float, bool]]) -> HeadScore:
     tokens, rounds = sum(r[0] for r in rows), sum(r[1] for r in rows)
-    speedup = math.exp(sum(math.log(r[2]) for r in rows) / len(rows))
+    speedup = statistics.geometric_mean(r[2] for r in rows)
     return HeadScore(tokens / max(1, rounds), speedup, all(r[3] for r in rows))
 
 
