@@ -277,15 +277,31 @@ def test_train_head_trains_on_every_shard_and_adds_a_shard_for_new_prompts(tiny,
     assert [s["answers"] for s in store.manifest()["shards"]] == [10, 4]
 
 
+def test_train_head_without_prompts_trains_on_the_stored_answers_alone(tiny, tmp_path):
+    folder, target = tiny
+    store = AnswerStore(tmp_path / "answers")
+    answer_prompts(target, prompt_rows(prompts_file(tmp_path / "earlier.jsonl", 6), 0), CFG, store)
+    before = shard_bytes(store.folder)
+    argv = ["train-head", "--target", str(folder), "--out", str(tmp_path / "head"), "--answers", str(store.folder)]
+    argv += ["--work", str(tmp_path / "work"), "--epochs", "1", "--draft-vocab", "20", "--holdout", "0"]
+    assert main([*argv, "--steps", "2"]) == 0
+    card = json.loads((tmp_path / "head" / "config.json").read_text())["speclens"]
+    assert card["sequences_trained"] == 6
+    assert card["data"].startswith("answers: 6 prompts with the target's own answers")
+    assert shard_bytes(store.folder) == before  # nothing answered, nothing written
+
+
 def test_train_head_flags_that_make_no_sense_are_refused_in_one_line(tiny, tmp_path, capsys):
     folder, _ = tiny
     argv = ["train-head", "--target", str(folder), "--prompts", str(prompts_file(tmp_path / "t.jsonl", 2))]
     assert main(argv) == 2
     assert main([*argv, "--answers-only", "--shard-mb", "5"]) == 2
     assert main([*argv, "--answers-only", "--shard-answers", "0"]) == 2
+    assert main(["train-head", "--target", str(folder), "--answers-only"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "error: --out is needed unless --answers-only",
         "error: --shard-answers must be at least 1 and --shard-mb within 0..4",
         "error: --shard-answers must be at least 1 and --shard-mb within 0..4",
+        "error: --answers-only needs --prompts: the prompts to answer",
     ]

@@ -235,8 +235,8 @@ def _add_train_head_command(sub) -> None:
     t.add_argument(
         "--prompts",
         type=Path,
-        required=True,
-        help="training prompts (JSONL with 'prompt'); never the dev set",
+        help="training prompts (JSONL with 'prompt'); never the dev set. Without it the head trains on "
+        "the stored answers alone (--answers), answering nothing",
     )
     t.add_argument("--out", type=Path, help="the head folder to write (e.g. assets/heads/smollm2-135m)")
     t.add_argument("--work", type=Path, help="where checkpoints go (default: the model cache)")
@@ -555,6 +555,8 @@ def _train_head(args: argparse.Namespace, command: str) -> int:
         raise SpecLensError(f"--shard-answers must be at least 1 and --shard-mb within 0..{SHARD_MB:g}")
     if args.out is None and not args.answers_only:
         raise SpecLensError("--out is needed unless --answers-only")
+    if args.prompts is None and args.answers_only:
+        raise SpecLensError("--answers-only needs --prompts: the prompts to answer")
     named = not Path(args.target).exists()  # a model name, not a folder
     work = args.work or cache_dir() / "train-head" / (Path(args.out).name if args.out else "answers")
     store = AnswerStore(

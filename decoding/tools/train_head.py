@@ -556,7 +556,7 @@ def measure(
 
 def train_head(
     target: LoadedModel,
-    prompts_path: Path,
+    prompts_path: Path | None,
     out: Path,
     work: Path,
     cfg: TrainConfig,
@@ -566,8 +566,9 @@ def train_head(
 ) -> dict:
     """The whole run: answers to the prompts no shard holds yet (by `answerer`, the target in
     another dtype, where given), training on every stored answer (and any conversations of the
-    prompts file), then the head folder with its card."""
-    rows = prompt_rows(prompts_path, cfg.limit)
+    prompts file), then the head folder with its card. With no prompts file it trains on the
+    stored answers as they stand."""
+    rows = prompt_rows(prompts_path, cfg.limit) if prompts_path else []
     store = store or AnswerStore(work / "answers")
     work.mkdir(parents=True, exist_ok=True)
     # Everything but how long to train: a later run with more trains on from the checkpoint.
@@ -592,7 +593,7 @@ def train_head(
         "target": target.name,
         "fingerprint": fingerprint(target.model),
         "command": command,
-        "data": data_summary(prompts_path.name, fit, held, cfg),
+        "data": data_summary(prompts_path.name if prompts_path else store.folder.name, fit, held, cfg),
         "answers": {"folder": str(store.folder)} | store.manifest().get("totals", {}),
         "date": _dt.date.today().isoformat(),
         "machine": machine(),
