@@ -14,7 +14,7 @@ import transformers
 
 from .core.batch import BatchRun, BatchSettings, batch_generate, batch_traces
 from .core.budget import RunStopped
-from .core.graphs import use_graphs
+from .core.graphs import use_batch_graphs, use_graphs
 from .core.plain import StopCheck, autoregressive_generate
 from .core.proposal import Draft
 from .core.speculative import iter_trace, untraced_generate
@@ -383,6 +383,8 @@ def decode_batch(
     tree = TreeShape(c.tree_nodes, c.branch) if c.tree_nodes else None
     settings = BatchSettings(size, c.sampling, c.max_new_tokens, batch.eos, tree)
     policy = (lambda: make_policy(c.policy, c.k, c.confidence)) if speculative else None
+    length = max(i.shape[1] for i in batch.prompt_ids) + c.max_new_tokens
+    use_batch_graphs(batch.target.model, size, length, c.k if speculative else 0, tree, c.graphs)
     return batch_generate(
         batch.target.model, batch.prompt_ids, settings, batch.draft if speculative else None, policy
     )

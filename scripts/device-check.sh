@@ -68,6 +68,10 @@ for mode in graphs no-graphs; do
     done
     step "bench-model-$mode" sh -c "$BENCH --draft $D --k 4 $flag --out $dir/bench-model | tail -6"
 done
+# Many sequences at once over static slots, one replayed graph a pass (18 prompts, 32 tokens).
+step bench-batch sh -c "python3 -m decoding bench --prompts assets/prompts/specbench_dev.jsonl --limit 3 \
+    --target $D --dtype bfloat16 --max-new-tokens 32 --no-chat --batch 1,4,16 --draft ngram --k 2 \
+    --out $OUT/bench-batch | tail -4"
 # What the check ran before: n-gram chains and trees, now with graphs.
 step bench-ngram sh -c "$BENCH --draft ngram --k 4 --out $OUT/bench-ngram | tail -6"
 step bench-ngram-tree16 sh -c "$BENCH --draft ngram --k 4 --tree-nodes 16 --branch 3 --out $OUT/bench-ngram-tree16 | tail -6"

@@ -81,6 +81,26 @@ def steps_table(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def batch_table(folder: Path) -> str:
+    """`bench-batch/batch.csv`: plain and n-gram decoding of 18 prompts at each batch size."""
+    path = folder / "bench-batch" / "batch.csv"
+    if not path.is_file():
+        return "Batched decoding (`bench-batch/`): not run."
+    lines = [
+        "Batched decoding over static slots (`bench-batch/`: the 135M shape, 18 dev prompts, 32 tokens, "
+        "n-gram k = 2), tokens/s while decoding:",
+        "",
+        "| batch | plain | n-gram | speedup | predicted | identical |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in pd.read_csv(path).itertuples():
+        lines.append(
+            f"| {row.batch} | {row.decode_tokens_per_s_plain:.1f} | {row.decode_tokens_per_s_speculative:.1f} "
+            f"| ×{row.speedup:.2f} | ×{row.predicted_speedup:.2f} | {'✓' if row.identical else '✗'} |"
+        )
+    return "\n".join(lines)
+
+
 def report(folder: Path) -> str:
     machine = (
         (folder / "machine.txt").read_text().strip().splitlines()
@@ -110,6 +130,8 @@ def report(folder: Path) -> str:
             "Step times from `python -m decoding probe` (ms, median of 15, 100 tokens cached):",
             "",
             steps_table(folder),
+            "",
+            batch_table(folder),
             "",
             "With graphs: `probe-*.json`, `bench-model/` (the 135M shape drafting k = 4 for the 1.7B "
             "shape); without (`--no-graphs`): `no-graphs/`. c is `draft_cost` in `results.csv`: the "

@@ -11,7 +11,8 @@ from conftest import tiny_llama, tiny_model_folder
 from test_heads import random_head
 
 from decoding.api import RunConfig, generate, prepare
-from decoding.core.graphs import use_graphs
+from decoding.core.batch import BatchSettings, batch_generate
+from decoding.core.graphs import use_batch_graphs, use_graphs
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
 from decoding.core.tree import TreeShape
@@ -136,6 +137,23 @@ def test_graph_replayed_greedy_chains_and_trees_are_lossless(fresh_pair):
             assert runner_of(target).replays > before + 40, name  # the steps were replays
         if isinstance(d, ModelDraft):
             assert runner_of(d.model).replays > 0, name
+
+
+def test_graph_replayed_batches_are_lossless(fresh_pair):
+    """A batch of 3 over static slots, each pass one replayed graph: every sequence gives its own
+    plain run's tokens, plainly, with n-gram chains and with the head (its features split back)."""
+    target, _ = fresh_pair
+    draw = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 64, (1, n), generator=draw).cuda() for n in (5, 9, 3, 12, 7)]
+    expected = [autoregressive_generate(target, p, max_new_tokens=30).token_ids for p in prompts]
+    head = HeadDraft(random_head(target, list(range(0, 64, 2))), target, "h")
+    for draft in (None, NGramDraft(), head):
+        assert use_batch_graphs(target, 3, 12 + 30, 3 if draft else 0, None)
+        before = runner_of(target).replays
+        policy = (lambda: make_policy("fixed", 3)) if draft else None
+        run = batch_generate(target, prompts, BatchSettings(3, max_new_tokens=30), draft, policy)
+        assert run.outputs == expected, draft
+        assert runner_of(target).replays - before == len(run.passes)  # every pass a replay
 
 
 def test_graph_replayed_sampling_draws_what_the_models_forward_draws(fresh_pair):

@@ -11,12 +11,14 @@ from conftest import tiny_llama
 from test_heads import random_head
 from test_sampling import noisy_copy
 
-from decoding.core.graphs import use_graphs
+from decoding.core.batch import BatchSettings, batch_generate
+from decoding.core.graphs import use_batch_graphs, use_graphs
 from decoding.core.plain import autoregressive_generate
 from decoding.core.speculative import speculative_generate
 from decoding.core.tree import TreeShape
 from decoding.drafts import HeadDraft, LayerDraft, ModelDraft, NGramDraft
-from decoding.runtime.forward import crop, forward, new_cache
+from decoding.runtime import static as static_pass
+from decoding.runtime.forward import crop, forward, forward_batch, new_cache
 from decoding.runtime.llama import StepCache
 from decoding.runtime.static import StaticCache, drop_static, graphed, use_static
 from decoding.settings.policies import make_policy
@@ -160,3 +162,85 @@ def test_a_draft_model_keeps_its_buffers_from_run_to_run(pair):
     for _ in range(2):
         speculative_generate(target, PROMPT, draft, make_policy("fixed", 3), max_new_tokens=6)
         assert isinstance(draft.cache, StaticCache) and draft.cache.get_seq_length() > 0
+
+
+def batch_prompts() -> list[torch.Tensor]:
+    """Seven prompts of different lengths: a batch of 3 takes new ones as others finish."""
+    draw = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 64, (1, n), generator=draw) for n in (5, 9, 3, 12, 7, 6, 4)]
+
+
+@pytest.fixture
+def batched_passes(monkeypatch):
+    """How many sequences each pass over static slots checked (the real pass, counted)."""
+    seen: list[int] = []
+
+    def counted(caches, *rest):
+        seen.append(len(caches))
+        return step_batch(caches, *rest)
+
+    step_batch = static_pass.step_batch
+    monkeypatch.setattr(static_pass, "step_batch", counted)
+    return seen
+
+
+def test_a_batch_over_static_slots_is_lossless_in_one_pass_a_step(pair, batched_passes):
+    """Each sequence of a batch, in a slot of the buffers, gives its own plain run's tokens, plainly,
+    with chains and with trees, and every step is one pass over the slots (a finished sequence's
+    slot goes to the next prompt)."""
+    target, _ = pair
+    prompts = batch_prompts()
+    expected = [autoregressive_generate(target, p, max_new_tokens=20).token_ids for p in prompts]
+    for size in (1, 3):
+        use_static(target, 48, graphs=False, slots=size)
+        for draft, tree in ((None, None), (NGramDraft(), None), (NGramDraft(), TreeShape(8, 2))):
+            batched_passes.clear()
+            policy = (lambda: make_policy("fixed", 3)) if draft else None
+            settings = BatchSettings(size, max_new_tokens=20, tree=tree)
+            run = batch_generate(target, prompts, settings, draft, policy)
+            assert run.outputs == expected, (size, draft, tree)
+            assert batched_passes == [p.sequences for p in run.passes] and max(batched_passes) == size
+        drop_static(target)
+
+
+def test_a_head_drafts_the_same_from_a_batch_over_static_slots(pair, batched_passes):
+    """The head's feature taps are split back to each sequence: it drafts, round for round, what it
+    drafts in the CPU's batched pass (a misrouted feature would draft other tokens, and the output
+    would stay the same)."""
+    target, _ = pair
+    prompts = batch_prompts()
+    head = HeadDraft(random_head(target, list(range(0, 64, 2)), std=0.2), target, "h")
+    runs = []
+    for static_slots in (False, True):
+        if static_slots:
+            use_static(target, 48, graphs=False, slots=3)
+        run = batch_generate(
+            target, prompts, BatchSettings(3, max_new_tokens=16), head, lambda: make_policy("fixed", 3)
+        )
+        runs.append([[r.proposal.tokens.tolist() for r in rounds] for rounds in run.rounds])
+        drop_static(target)
+    assert runs[0] == runs[1] and max(batched_passes) == 3
+
+
+def test_padded_rows_leave_every_sequence_as_it_was(pair):
+    """Two sequences of 2 and 5 new rows in one pass over 3 slots: each gets the logits its own pass
+    gives, and a pass after it too (the padding wrote nowhere a real row lives)."""
+    target, _ = pair
+    runner = use_static(target, 32, graphs=False, slots=3)
+    a, b = new_cache(target), new_cache(target)
+    assert (a.slot, b.slot) == (0, 1) and runner.new_cache().slot == 2
+    forward(target, PROMPT[:, :4], a)
+    forward(target, PROMPT[:, :2], b)
+    got = forward_batch(target, [PROMPT[:, 4:6], PROMPT[:, 2:7]], [a, b])
+    after = forward_batch(target, [PROMPT[:, 6:7], PROMPT[:, 7:8]], [a, b])
+    drop_static(target)
+    for n, logits, next_logits in ((6, got[0], after[0]), (7, got[1], after[1])):
+        own = forward(target, PROMPT[:, : n + 1], new_cache(target))
+        assert torch.allclose(logits, own[n - len(logits) : n], atol=1e-10)
+        assert torch.allclose(next_logits, own[n:], atol=1e-10)
+
+
+def test_a_batch_on_the_cpu_keeps_its_own_pass(pair):
+    target, _ = pair
+    assert not use_batch_graphs(target, 4, 40, 3, None)
+    assert isinstance(new_cache(target), StepCache)

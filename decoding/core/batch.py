@@ -128,6 +128,7 @@ def batch_generate(
             s.round_passes += [len(passes) - 1] * (len(s.rounds) - len(s.round_passes))
         for s in [s for s in active if s.finished]:
             active.remove(s)
+            s.cache = None  # a static buffer's slot is free for the next sequence once its cache is gone
             done[s.index] = s
     ordered = [done[i] for i in range(len(prompts))]
     return BatchRun(

@@ -1,5 +1,5 @@
-"""Which models of a run take the static-cache path (decoding/runtime/static.py), and the widths
-captured for them before anything is timed."""
+"""Which models of a run, or of a batched run, take the static-cache path
+(decoding/runtime/static.py), and the widths captured for them before anything is timed."""
 
 from __future__ import annotations
 
@@ -45,4 +45,22 @@ def use_graphs(
         # a tree's levels are as wide as its branch factor, every row kept.
         levels = [(n, 0) for n in range(1, tree.branch + 1)] if tree else []
         warm_up(models[1], [(1, 1), (2, 1), *levels])
+    return graphed(target)
+
+
+def use_batch_graphs(
+    target: torch.nn.Module, size: int, length: int, k: int, tree: TreeShape | None, on: bool = True
+) -> bool:
+    """On CUDA (and `on`): static buffers with a slot for each of `size` sequences of up to `length`
+    tokens, and every width of a batched pass captured now (1 for plain decoding, k = 0; up to k + 1
+    or a `tree`'s nodes + 1). Otherwise the target keeps its own pass. True where the batch's passes
+    are replayed graphs. A draft's own model keeps its own forward, a pass per sequence."""
+    cuda = target.get_output_embeddings().weight.device.type == "cuda"
+    if not (on and cuda):
+        drop_static(target)
+        return False
+    capacity = -(-(length + MAX_TREE_NODES + 1) // ROUND_UP) * ROUND_UP
+    widest = max(min(k, K_MAX) + 1, tree.nodes + 1 if tree else 0)
+    if use_static(target, capacity, slots=size) is not None:
+        warm_up(target, [(n, 0) for n in range(1, widest + 1)])
     return graphed(target)

@@ -67,12 +67,16 @@ def forward_batch(
 ) -> list[torch.Tensor]:
     """Each sequence's logits [n_j, vocab] for its new tokens `ids[j]` ([1, n_j]) after its own
     cache `caches[j]`, all of them in one pass where the lean Llama pass runs (the linear layers
-    over every row at once); elsewhere (the model's own forward, the GPU's static pass) a pass
-    per sequence, the same figures without the batching. A sequence checking a token tree gives
-    its `position_ids[j]` and `masks[j]`, as `forward` takes them."""
-    if all(isinstance(c, llama.StepCache) for c in caches):
-        return llama.forward_batch(model, ids, caches, position_ids, masks)
+    over every row at once) or where they are slots of one model's static buffers (the GPU path);
+    elsewhere (the model's own forward) a pass per sequence, the same figures without the
+    batching. A sequence checking a token tree gives its `position_ids[j]` and `masks[j]`, as
+    `forward` takes them."""
     positions, masks = position_ids or [None] * len(ids), masks or [None] * len(ids)
+    if all(isinstance(c, llama.StepCache) for c in caches):
+        return llama.forward_batch(model, ids, caches, positions, masks)
+    runners = {c.runner for c in caches if isinstance(c, static.StaticCache)}
+    if len(runners) == 1 and all(isinstance(c, static.StaticCache) for c in caches):
+        return static.step_batch(caches, ids, positions, masks)
     return [
         forward(model, i, c, position_ids=p, mask=m)
         for i, c, p, m in zip(ids, caches, positions, masks, strict=True)

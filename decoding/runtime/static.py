@@ -22,6 +22,16 @@ one cache holds them (a draft's, when the draft is the target's own model;
 another session's run), `forward.new_cache` gives the next one the model's
 own cache instead.
 
+Many sequences at once (`core/batch.py`): the buffers have a slot per
+sequence (`use_static(..., slots=B)`) and `step_batch` runs every slot's rows
+in one pass of [B, n], each sequence's rows padded to the widest. A padded row,
+or a slot no sequence holds, writes its key to the buffers' last row and reads
+only that row, so it disturbs no sequence: that row is never a real one. One
+graph per width serves the whole batch. On a GPU in bfloat16 a row's sums may
+run in another order in a batch than alone, so a sequence's output can differ
+from its own run's where two tokens nearly tie; on the CPU, in float32 or
+float64, the tests hold it to its own run exactly.
+
 The pass serves Llama-architecture models (SmolLM2, Qwen2-style ones);
 others keep their own forward.
 """
@@ -53,11 +63,11 @@ def fits(model: torch.nn.Module) -> bool:
 
 
 class StaticCache:
-    """One run's view of a model's static buffers: `length` rows are real. It has the parts of
-    `DynamicCache` the decoder uses: `get_seq_length`, `crop` and `layers[i].keys` / `.values`."""
+    """One run's view of its slot of a model's static buffers: `length` rows are real. It has the
+    parts of `DynamicCache` the decoder uses: `get_seq_length`, `crop` and `layers[i].keys` / `.values`."""
 
-    def __init__(self, runner: StaticRunner) -> None:
-        self.runner = runner
+    def __init__(self, runner: StaticRunner, slot: int = 0) -> None:
+        self.runner, self.slot = runner, slot
         self.length = 0
 
     def get_seq_length(self) -> int:
@@ -71,8 +81,8 @@ class StaticCache:
 
     @property
     def layers(self) -> list[_LayerBuffers]:
-        r = self.runner
-        return [_LayerBuffers(r.keys[i], r.values[i]) for i in range(r.keys.shape[0])]
+        r, s = self.runner, slice(self.slot, self.slot + 1)
+        return [_LayerBuffers(r.keys[i, s], r.values[i, s]) for i in range(r.keys.shape[0])]
 
 
 class _LayerBuffers:
@@ -81,47 +91,52 @@ class _LayerBuffers:
 
 
 class _Graph:
-    """One captured width: its static inputs, the graph, and the outputs it fills."""
+    """One captured width: its static inputs (a row per slot), the graph, and the outputs it fills."""
 
-    def __init__(self, n: int, capacity: int, device: torch.device) -> None:
-        self.ids = torch.zeros(1, n, dtype=torch.long, device=device)
-        self.positions = torch.arange(n, device=device)[None]
-        self.slots = torch.arange(n, device=device)
-        self.mask = torch.ones(n, capacity, dtype=torch.bool, device=device).tril()[None, None]
+    def __init__(self, slots: int, n: int, capacity: int, device: torch.device) -> None:
+        self.ids = torch.zeros(slots, n, dtype=torch.long, device=device)
+        self.positions = torch.arange(n, device=device).repeat(slots, 1)
+        self.writes = self.positions.clone()
+        causal = torch.ones(n, capacity, dtype=torch.bool, device=device).tril()
+        self.mask = causal.repeat(slots, 1, 1, 1)  # [slots, 1, n, capacity]
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[torch.Tensor, list[torch.Tensor]] | None = None
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
-        return self.ids, self.positions, self.slots, self.mask
+        return self.ids, self.positions, self.writes, self.mask
 
 
 class StaticRunner:
-    """A model's static KV buffers and, on CUDA with `graphs`, its captured widths."""
+    """A model's static KV buffers, a slot for each sequence, and, on CUDA with `graphs`, its
+    captured widths."""
 
-    def __init__(self, model: torch.nn.Module, capacity: int, graphs: bool) -> None:
+    def __init__(self, model: torch.nn.Module, capacity: int, graphs: bool, slots: int = 1) -> None:
         self.model = model
         self.graphs = graphs and model.lm_head.weight.device.type == "cuda"
+        self.slots = slots
         self.captured: dict[tuple, _Graph] = {}
         self.replays = 0
-        self.holder: weakref.ref | None = None  # the cache using the buffers
+        self.holders: list[weakref.ref | None] = [None] * slots  # the cache using each slot
         self.pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self._allocate(capacity)
 
     def _allocate(self, capacity: int) -> None:
         cfg, weight = self.model.config, self.model.lm_head.weight
         attn = self.model.model.layers[0].self_attn
-        shape = (cfg.num_hidden_layers, 1, cfg.num_key_value_heads, capacity, attn.head_dim)
+        shape = (cfg.num_hidden_layers, self.slots, cfg.num_key_value_heads, capacity, attn.head_dim)
         self.keys = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.values = torch.zeros_like(self.keys)
         self.capacity = capacity
         self.captured.clear()  # a graph reads the buffers it was captured over
         self.weights_at = weight.data_ptr()
 
+    def _caches(self) -> list[StaticCache]:
+        return [c for c in (h() if h is not None else None for h in self.holders) if c is not None]
+
     def held(self) -> bool:
-        """Whether a cache with rows in it still holds the buffers (a run under way, or one whose
-        cache was kept): they are then neither reallocated nor written by a capture."""
-        cache = self.holder() if self.holder is not None else None
-        return cache is not None and cache.length > 0
+        """Whether a cache with rows in it still holds a slot (a run under way, or one whose
+        cache was kept): the buffers are then neither reallocated nor written by a capture."""
+        return any(c.length > 0 for c in self._caches())
 
     def fit(self, capacity: int) -> None:
         """Buffers of exactly `capacity` rows: attention reads all of them, masked, every step.
@@ -131,38 +146,41 @@ class StaticRunner:
             self._allocate(capacity)
 
     def grow(self, need: int) -> None:
-        """Room for `need` rows, the rows already written kept."""
-        if need <= self.capacity:
+        """Room for `need` rows and the last row that padding writes to, the rows already written kept."""
+        if need < self.capacity:
             return
         keys, values = self.keys, self.values
-        self._allocate(max(need, 2 * self.capacity))
+        self._allocate(max(need + 1, 2 * self.capacity))
         self.keys[..., : keys.shape[-2], :] = keys
         self.values[..., : values.shape[-2], :] = values
 
     def new_cache(self) -> StaticCache | None:
-        """A cache over the buffers, or None while another cache still holds them."""
-        if self.holder is not None and self.holder() is not None:
-            return None
-        cache = StaticCache(self)
-        self.holder = weakref.ref(cache)
-        return cache
+        """A cache over a free slot of the buffers, or None while every slot is held."""
+        for slot, holder in enumerate(self.holders):
+            if holder is None or holder() is None:
+                cache = StaticCache(self, slot)
+                self.holders[slot] = weakref.ref(cache)
+                return cache
+        return None
 
     def tapped(self) -> tuple[int, ...]:
         """The layers with forward pre-hooks (a draft head's feature tap): their inputs are outputs of the pass."""
         return tuple(i for i, layer in enumerate(self.model.model.layers) if layer._forward_pre_hooks)
 
     def run(
-        self, ids, positions, slots, mask, keep: int, prompt: bool = False
+        self, ids, positions, writes, mask, keep: int, slot: int | None = None, prompt: bool = False
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The pass over given inputs: through a replayed graph of this width, captured on first
-        use, except for a `prompt` (nothing cached yet), which runs as it is."""
+        """The pass over given inputs ([rows, n] each, the mask [rows, 1, n, capacity]): every slot's
+        rows, through a replayed graph of this width, captured on first use; or one `slot`'s, or a
+        `prompt` (nothing cached yet), run as they are."""
         n, taps = ids.shape[1], self.tapped()
-        if not self.graphs or n > MAX_GRAPH_WIDTH or prompt:
-            return _pass(self, ids, positions, slots, mask, keep, taps)
+        view = slice(None) if slot is None else slice(slot, slot + 1)
+        if not self.graphs or n > MAX_GRAPH_WIDTH or prompt or ids.shape[0] != self.slots:
+            return _pass(self, ids, positions, writes, mask, keep, taps, view)
         g = self.captured.get((n, keep, taps))
         if g is None:
-            g = self.capture(n, keep, (ids, positions, slots, mask))
-        for buffer, value in zip(g.inputs(), (ids, positions, slots, mask), strict=True):
+            g = self.capture(n, keep, (ids, positions, writes, mask))
+        for buffer, value in zip(g.inputs(), (ids, positions, writes, mask), strict=True):
             buffer.copy_(value)
         g.graph.replay()
         self.replays += 1
@@ -170,11 +188,11 @@ class StaticRunner:
         return logits.clone(), [t.clone() for t in tapped]
 
     def capture(self, n: int, keep: int, inputs: tuple | None = None) -> _Graph:
-        """Capture width `n` (logits for the last `keep` rows, all when 0). Run over `inputs` when
-        given (the call that needs it: the warm-up runs compute its result), else over rows 0..n-1 of
-        a cache nothing is using yet."""
+        """Capture width `n` for every slot (logits for the last `keep` rows, all when 0). Run over
+        `inputs` when given (the call that needs it: the warm-up runs compute its result), else over
+        rows 0..n-1 of buffers nothing is using yet."""
         taps = self.tapped()
-        g = _Graph(n, self.capacity, self.keys.device)
+        g = _Graph(self.slots, n, self.capacity, self.keys.device)
         if inputs is not None:
             for buffer, value in zip(g.inputs(), inputs, strict=True):
                 buffer.copy_(value)
@@ -191,9 +209,10 @@ class StaticRunner:
         return g
 
 
-def _pass(r: StaticRunner, ids, positions, slots, mask, keep: int, taps: tuple[int, ...]):
-    """Logits for the last `keep` rows of `ids` (all when 0) and the inputs of the `taps` layers;
-    the keys and values written to `slots`. Only ops with fixed shapes: it is what a graph replays."""
+def _pass(r: StaticRunner, ids, positions, writes, mask, keep: int, taps: tuple[int, ...], view=slice(None)):
+    """Logits [rows, keep or n, vocab] for the last `keep` rows of each row of `ids` (all when 0)
+    and the inputs [rows, n, hidden] of the `taps` layers; the keys and values written at `writes`
+    of the slots in `view`. Only ops with fixed shapes: it is what a graph replays."""
     inner = r.model.model
     hidden = inner.embed_tokens(ids)
     position = inner.rotary_emb(hidden, positions)
@@ -202,31 +221,36 @@ def _pass(r: StaticRunner, ids, positions, slots, mask, keep: int, taps: tuple[i
         if i in taps:
             tapped.append(hidden.clone())
         x = layer.input_layernorm(hidden)
-        hidden = hidden + _attention(layer.self_attn, x, position, r.keys[i], r.values[i], slots, mask)
+        keys, values = r.keys[i, view], r.values[i, view]
+        hidden = hidden + _attention(layer.self_attn, x, position, keys, values, writes, mask)
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     hidden = inner.norm(hidden[:, -keep:] if keep else hidden)
-    return r.model.lm_head(hidden)[0], tapped
+    return r.model.lm_head(hidden), tapped
 
 
-def _attention(attn, x, position, keys, values, slots, mask) -> torch.Tensor:
+def _attention(attn, x, position, keys, values, writes, mask) -> torch.Tensor:
     shape = (*x.shape[:-1], -1, attn.head_dim)
     q, k, v = (proj(x).view(shape).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
     q, k = apply_rotary_pos_emb(q, k, *position)
-    keys.index_copy_(2, slots, k)
-    values.index_copy_(2, slots, v)
+    at = writes[:, None, :, None].expand_as(k)  # each row's cache row, per slot
+    keys.scatter_(2, at, k)
+    values.scatter_(2, at, v)
     gqa = attn.config.num_attention_heads != attn.config.num_key_value_heads
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=gqa)
     return attn.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
 
 
-def use_static(model: torch.nn.Module, capacity: int, graphs: bool = True) -> StaticRunner | None:
-    """Give `model` static buffers of `capacity` rows (and graphs on CUDA when `graphs`); None where
-    the pass does not fit the model (it keeps its own forward)."""
+def use_static(
+    model: torch.nn.Module, capacity: int, graphs: bool = True, slots: int = 1
+) -> StaticRunner | None:
+    """Give `model` static buffers of `capacity` rows for `slots` sequences (and graphs on CUDA when
+    `graphs`); None where the pass does not fit the model (it keeps its own forward)."""
     if not fits(model):
         return None
     runner = model.__dict__.get(_ATTR)
-    if runner is None or runner.graphs != (graphs and model.lm_head.weight.device.type == "cuda"):
-        runner = StaticRunner(model, capacity, graphs)
+    cuda_graphs = graphs and model.lm_head.weight.device.type == "cuda"
+    if runner is None or runner.graphs != cuda_graphs or runner.slots != slots:
+        runner = StaticRunner(model, capacity, graphs, slots)
         model.__dict__[_ATTR] = runner
     runner.fit(capacity)
     return runner
@@ -272,16 +296,58 @@ def step(
     r, past, n = cache.runner, cache.length, ids.shape[1]
     r.grow(past + n)
     device = ids.device
-    slots = torch.arange(past, past + n, device=device)
-    positions = slots[None] if position_ids is None else position_ids
+    writes = torch.arange(past, past + n, device=device)[None]
+    positions = writes if position_ids is None else position_ids
     allowed = torch.zeros(n, r.capacity, dtype=torch.bool, device=device)
-    if mask is None:
-        allowed[:, : past + n] = torch.ones(n, past + n, dtype=torch.bool, device=device).tril(past)
-    else:  # a tree's additive mask over the cached rows and its own
-        allowed[:, : past + n] = mask[0, 0] == 0
+    allowed[:, : past + n] = _allowed(past, n, mask, device)
     keep = 0 if keep >= n else keep
-    logits, tapped = r.run(ids, positions, slots, allowed[None, None], keep, prompt=past == 0)
+    # One slot's pass is the whole pass (and so a replayed graph) where the buffers have one slot.
+    slot = None if r.slots == 1 else cache.slot
+    logits, tapped = r.run(ids, positions, writes, allowed[None, None], keep, slot, prompt=past == 0)
     cache.length = past + n
     for i, hidden in zip(r.tapped(), tapped, strict=True):
         _run_pre_hooks(r.model.model.layers[i], hidden)
-    return logits
+    return logits[0]
+
+
+def step_batch(
+    caches: list[StaticCache],
+    ids: list[torch.Tensor],
+    position_ids: list[torch.Tensor | None],
+    masks: list[torch.Tensor | None],
+) -> list[torch.Tensor]:
+    """`forward.forward_batch` over caches of one runner's slots: one pass over every slot (a replayed
+    graph), each sequence's rows padded to the widest; logits [n_j, vocab] for each sequence."""
+    r = caches[0].runner
+    ns = [t.shape[1] for t in ids]
+    n, device = max(ns), ids[0].device
+    r.grow(max(c.length + m for c, m in zip(caches, ns, strict=True)))
+    pad = r.capacity - 1  # the row padding writes to and reads: never a real one
+    tokens = torch.zeros(r.slots, n, dtype=torch.long)
+    positions = torch.zeros(r.slots, n, dtype=torch.long)
+    writes = torch.full((r.slots, n), pad, dtype=torch.long)
+    allowed = torch.zeros(r.slots, n, r.capacity, dtype=torch.bool)
+    allowed[:, :, pad] = True
+    for c, t, m, at, tree in zip(caches, ids, ns, position_ids, masks, strict=True):
+        past = c.length
+        tokens[c.slot, :m] = t[0].cpu()
+        writes[c.slot, :m] = torch.arange(past, past + m)
+        positions[c.slot, :m] = writes[c.slot, :m] if at is None else at.view(-1).cpu()
+        allowed[c.slot, :m, pad] = False
+        allowed[c.slot, :m, : past + m] = _allowed(past, m, tree, "cpu")
+    inputs = (x.to(device, non_blocking=True) for x in (tokens, positions, writes, allowed[:, None]))
+    logits, tapped = r.run(*inputs, keep=0)
+    for c, m in zip(caches, ns, strict=True):
+        c.length += m
+    for i, hidden in zip(r.tapped(), tapped, strict=True):
+        rows = torch.cat([hidden[c.slot, :m] for c, m in zip(caches, ns, strict=True)])
+        _run_pre_hooks(r.model.model.layers[i], rows[None])
+    return [logits[c.slot, :m] for c, m in zip(caches, ns, strict=True)]
+
+
+def _allowed(past: int, n: int, mask: torch.Tensor | None, device) -> torch.Tensor:
+    """[n, past + n]: which cached and new rows each new row reads: causal, or a tree's additive
+    mask ([1, 1, n, past + n], 0 where allowed)."""
+    if mask is None:
+        return torch.ones(n, past + n, dtype=torch.bool, device=device).tril(past)
+    return (mask[0, 0] == 0).to(device)

@@ -42,6 +42,7 @@ import torch
 from tqdm import tqdm
 
 from ..core.batch import BatchSettings, batch_generate
+from ..core.graphs import use_batch_graphs
 from ..drafts.head import EagleHead, FeatureTap, HeadConfig, fingerprint, load_head, save_head
 from ..errors import SpecLensError
 from ..models.loading import LoadedModel
@@ -93,6 +94,7 @@ def answer_batch(
         for p in prompts
     ]
     settings = BatchSettings(len(prompts), sampling, max_new_tokens, eos_ids(model.model, tok))
+    use_batch_graphs(model.model, len(prompts), max(i.shape[1] for i in ids) + max_new_tokens, 0, None)
     run = batch_generate(model.model, ids, settings)
     return [(i[0].tolist(), answer) for i, answer in zip(ids, run.outputs, strict=True)]
 
