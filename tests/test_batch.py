@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import tiny_llama, tiny_model_folder
 from test_heads import random_head
-from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution
+from test_sampling import ALPHA, chi2_pvalue, exact_pair_distribution, noisy_copy
 
 from app.tabs.production import batch_line
 from app.tabs.theory import with_measured_batches
@@ -91,11 +91,12 @@ def _drafts(target, draft, kernel: bool = False) -> dict:
     if kernel:
         use_row_kernel(head, panels=False)
         assert HeadDraft(head, target, "h").drafts_together()
+    models = {"layers": LayerDraft(target, 1, 64), "model": ModelDraft(draft, 64, "self")}
+    assert all(d.drafts_together() for d in models.values())  # one pass of the draft a step for all
     return {
         "ngram": NGramDraft(),
         "suffix": SuffixDraft(SuffixCorpus()),
-        "layers": LayerDraft(target, 1, 64),
-        "model": ModelDraft(draft, 64, "self"),  # the target itself: always right, so bonus rounds too
+        **models,  # "model" is the target itself: always right, so bonus rounds too
         "head": HeadDraft(head, target, "h"),
         "hybrid": HybridDraft(NGramDraft(), HeadDraft(head, target, "h"), min_match=2),
     }
@@ -131,6 +132,8 @@ def test_every_sequence_of_a_batch_is_its_own_plain_run_for_every_draft_source(k
             if name != "suffix":  # its corpus holds what the other sequences wrote so far
                 accepted = [[r.verdict.n_accepted for r in rounds] for rounds in run.rounds]
                 assert accepted == [[r.n_accepted for r in t.rounds] for t in alone], (name, size)
+                drafted = [[r.proposal.tokens.tolist() for r in rounds] for rounds in run.rounds]
+                assert drafted == [[[d.id for d in r.draft] for r in t.rounds] for t in alone], (name, size)
         assert sum(t.totals.accepted for t in alone) > 0, name
 
 
@@ -171,11 +174,13 @@ def test_a_batch_pass_checks_every_sequences_rows_and_shares_its_time(tiny_targe
     assert sum(p.rows for p in run.passes) == sum(len(r.proposal) + 1 for rs in run.rounds for r in rs)
 
 
-@pytest.mark.parametrize("source", ["head", pytest.param("head-kernel", marks=needs_kernel), "ngram"])
+@pytest.mark.parametrize(
+    "source", ["head", pytest.param("head-kernel", marks=needs_kernel), "ngram", "model"]
+)
 def test_sampling_in_a_batch_follows_the_target(source):
     """Three copies of a prompt decoded together, each with its own generator: the pairs of tokens
     they write are drawn from the target's own distribution (with the head drafting for the three
-    in shared kernel steps too)."""
+    in shared kernel steps, and a draft model in shared passes, too)."""
     vocab = 10
     target = tiny_llama(seed=3, layers=4, vocab=vocab, init=0.6)
     if source == "head-kernel":
@@ -185,8 +190,11 @@ def test_sampling_in_a_batch_follows_the_target(source):
     head = random_head(target, [0, 1, 2, 3, 5, 6, 8], seed=2, std=0.5)
     if source == "head-kernel":
         use_row_kernel(head, panels=False)
-    draft = NGramDraft() if source == "ngram" else HeadDraft(head, target, "h")
-    assert draft.drafts_together() == (source == "head-kernel")
+    if source == "model":
+        draft = ModelDraft(noisy_copy(target, scale=0.3), vocab, "d")
+    else:
+        draft = NGramDraft() if source == "ngram" else HeadDraft(head, target, "h")
+    assert draft.drafts_together() == (source in ("head-kernel", "model"))
     prompt = [3, 5, 3, 5, 3]
     joint = exact_pair_distribution(target, torch.tensor([prompt]), sampling)
     counts, accepted = np.zeros((vocab, vocab)), 0

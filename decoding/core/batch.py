@@ -246,7 +246,7 @@ def _draft_trees(
 
 def _draft_all(active: list[Request], settings: BatchSettings, clock) -> tuple[list[Proposal], list[float]]:
     """Every sequence's chain and its drafting seconds. A draft that drafts for all at once
-    (`Draft.drafts_together`: a head's steps) takes one call, its time shared by the tokens each drafted."""
+    (`Draft.drafts_together`: a head's steps, a draft model's passes) takes one call, its time shared by the tokens each drafted."""
     ks = [min(s.policy.next_k(), settings.max_new_tokens - len(s.output) - 1) for s in active]
     if not active[0].dec.draft.drafts_together():
         proposals, seconds = [], []

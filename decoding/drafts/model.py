@@ -7,7 +7,7 @@ import torch
 from ..core.proposal import TOP_N, Draft, Proposal, fit_vocab
 from ..core.tree import TokenTree, additive, grow_tree, level_mask
 from ..core.verify import warp
-from ..runtime.forward import crop, forward, new_cache
+from ..runtime.forward import crop, forward, forward_batch, new_cache
 
 
 class ModelDraft(Draft):
@@ -30,23 +30,37 @@ class ModelDraft(Draft):
         # Only the tokens the cache has not seen yet: after a round that
         # kept everything, the last draft token and the bonus token.
         fresh = seq[:, self.cache.get_seq_length() :]
-        tokens, qs, dists, tops = [], [], [], []
+        chain = _Chain()
         for _ in range(k):
-            logits = fit_vocab(forward(self.model, fresh, self.cache, keep=1)[-1], self.vocab_size)
-            if sampling.greedy:
-                probs = logits.float().softmax(-1)
-                token = probs.argmax()
-            else:
-                probs = warp(logits, sampling)
-                token = torch.multinomial(probs, 1, generator=generator)[0]
-                dists.append(probs)
-            tokens.append(token)
-            qs.append(probs[token])
-            tops.append(torch.topk(probs, TOP_N))
-            fresh = token.view(1, 1)
+            probs = chain.add(
+                forward(self.model, fresh, self.cache, keep=1)[-1], self.vocab_size, sampling, generator
+            )
+            fresh = chain.tokens[-1].view(1, 1)
             if stop is not None and stop.stops(probs):
                 break
-        return Proposal.from_steps(tokens, qs, dists, tops, seq.device)
+        return chain.proposal(seq.device)
+
+    def drafts_together(self) -> bool:
+        return True
+
+    @torch.inference_mode()
+    def propose_together(self, drafts, seqs, ks, sampling, generators, stops):
+        """Each step of every sequence's chain in one pass of the draft model over all their caches
+        (`forward_batch`: on the CPU its weights stream once a step for the whole batch). Each
+        sequence drafts the tokens its own `propose` would: a row's sums do not depend on the batch."""
+        chains = [_Chain() for _ in drafts]
+        live = [i for i, k in enumerate(ks) if k > 0]
+        fresh = {i: seqs[i][:, drafts[i].cache.get_seq_length() :] for i in live}
+        while live:
+            logits = forward_batch(self.model, [fresh[i] for i in live], [drafts[i].cache for i in live])
+            going = []
+            for i, rows in zip(live, logits, strict=True):
+                probs = chains[i].add(rows[-1], self.vocab_size, sampling, generators[i])
+                fresh[i] = chains[i].tokens[-1].view(1, 1)
+                if len(chains[i].tokens) < ks[i] and not (stops[i] is not None and stops[i].stops(probs)):
+                    going.append(i)
+            live = going
+        return [chain.proposal(seq.device) for chain, seq in zip(chains, seqs, strict=True)]
 
     def rollback(self, length: int, rows: list[int] | None = None) -> None:
         crop(self.cache, length)
@@ -75,3 +89,31 @@ class ModelDraft(Draft):
             return grow_tree(expand, depth, shape, stop_ids)
         finally:
             crop(self.cache, start)
+
+
+class _Chain:
+    """A chain drafted one token at a time, each from the draft's logits at the chain's end."""
+
+    def __init__(self) -> None:
+        self.tokens, self.qs, self.dists, self.tops = [], [], [], []
+
+    def add(
+        self, logits: torch.Tensor, vocab_size: int, sampling, generator: torch.Generator
+    ) -> torch.Tensor:
+        """Picks the next token from `logits` (greedy, or drawn from the warped distribution) and
+        returns the distribution it was picked from."""
+        logits = fit_vocab(logits, vocab_size)
+        if sampling.greedy:
+            probs = logits.float().softmax(-1)
+            token = probs.argmax()
+        else:
+            probs = warp(logits, sampling)
+            token = torch.multinomial(probs, 1, generator=generator)[0]
+            self.dists.append(probs)
+        self.tokens.append(token)
+        self.qs.append(probs[token])
+        self.tops.append(torch.topk(probs, TOP_N))
+        return probs
+
+    def proposal(self, device: torch.device) -> Proposal:
+        return Proposal.from_steps(self.tokens, self.qs, self.dists, self.tops, device)
