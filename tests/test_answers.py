@@ -282,7 +282,15 @@ def test_train_head_without_prompts_trains_on_the_stored_answers_alone(tiny, tmp
     store = AnswerStore(tmp_path / "answers")
     answer_prompts(target, prompt_rows(prompts_file(tmp_path / "earlier.jsonl", 6), 0), CFG, store)
     before = shard_bytes(store.folder)
-    argv = ["train-head", "--target", str(folder), "--out", str(tmp_path / "head"), "--answers", str(store.folder)]
+    argv = [
+        "train-head",
+        "--target",
+        str(folder),
+        "--out",
+        str(tmp_path / "head"),
+        "--answers",
+        str(store.folder),
+    ]
     argv += ["--work", str(tmp_path / "work"), "--epochs", "1", "--draft-vocab", "20", "--holdout", "0"]
     assert main([*argv, "--steps", "2"]) == 0
     card = json.loads((tmp_path / "head" / "config.json").read_text())["speclens"]
