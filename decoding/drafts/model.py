@@ -8,6 +8,7 @@ from ..core.proposal import TOP_N, Draft, Proposal, fit_vocab
 from ..core.tree import TokenTree, additive, grow_tree, level_mask
 from ..core.verify import warp
 from ..runtime.forward import crop, forward, forward_batch, new_cache
+from ..settings.sampling import Sampling
 
 
 class ModelDraft(Draft):
@@ -98,7 +99,7 @@ class _Chain:
         self.tokens, self.qs, self.dists, self.tops = [], [], [], []
 
     def add(
-        self, logits: torch.Tensor, vocab_size: int, sampling, generator: torch.Generator
+        self, logits: torch.Tensor, vocab_size: int, sampling: Sampling, generator: torch.Generator
     ) -> torch.Tensor:
         """Picks the next token from `logits` (greedy, or drawn from the warped distribution) and
         returns the distribution it was picked from."""
