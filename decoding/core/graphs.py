@@ -33,11 +33,7 @@ def use_graphs(
         for m in models:
             drop_static(m)
         return False
-    # Room past the run's end for a tree's nodes, whose pass may reach beyond the last token.
-    capacity = -(-(length + MAX_TREE_NODES + 1) // ROUND_UP) * ROUND_UP
-    widest = max(min(k, K_MAX) + 1, tree.nodes + 1 if tree else 0)
-    if use_static(target, capacity) is not None:
-        warm_up(target, [(n, 0) for n in range(1, widest + 1)])
+    capacity = _static_target(target, length, k, tree)
     if len(models) > 1:
         draft.reset()  # the last run's cache lets go of the model's buffers
     if len(models) > 1 and use_static(models[1], capacity) is not None:
@@ -59,8 +55,18 @@ def use_batch_graphs(
     if not (on and cuda):
         drop_static(target)
         return False
+    _static_target(target, length, k, tree, size)
+    return graphed(target)
+
+
+def _static_target(
+    target: torch.nn.Module, length: int, k: int, tree: TreeShape | None, slots: int = 1
+) -> int:
+    """The target's static buffers for `slots` sequences of `length` tokens, every width a round of
+    depth `k` (or a `tree`) can use captured; their capacity."""
+    # Room past the run's end for a tree's nodes, whose pass may reach beyond the last token.
     capacity = -(-(length + MAX_TREE_NODES + 1) // ROUND_UP) * ROUND_UP
     widest = max(min(k, K_MAX) + 1, tree.nodes + 1 if tree else 0)
-    if use_static(target, capacity, slots=size) is not None:
+    if use_static(target, capacity, slots=slots) is not None:
         warm_up(target, [(n, 0) for n in range(1, widest + 1)])
-    return graphed(target)
+    return capacity

@@ -74,8 +74,7 @@ def forward_batch(
     positions, masks = position_ids or [None] * len(ids), masks or [None] * len(ids)
     if all(isinstance(c, llama.StepCache) for c in caches):
         return llama.forward_batch(model, ids, caches, positions, masks)
-    runners = {c.runner for c in caches if isinstance(c, static.StaticCache)}
-    if len(runners) == 1 and all(isinstance(c, static.StaticCache) for c in caches):
+    if all(isinstance(c, static.StaticCache) for c in caches) and len({c.runner for c in caches}) == 1:
         return static.step_batch(caches, ids, positions, masks)
     return [
         forward(model, i, c, position_ids=p, mask=m)
