@@ -135,6 +135,24 @@ def test_shards_are_append_only_and_a_resumed_stage_answers_only_new_prompts(tin
     assert shard_bytes(store.folder) == after  # nothing to answer: no shard at all
 
 
+def test_sampled_answers_come_after_every_greedy_one_and_are_answered_once(tiny, tmp_path):
+    _, target = tiny
+    store = AnswerStore(tmp_path / "answers")
+    rows = prompt_rows(prompts_file(tmp_path / "train.jsonl", 8), 0)
+    answer_prompts(target, rows[:5], CFG, store)  # greedy answers to the first five
+    sampled = TrainConfig(answer_tokens=12, batch_size=4, sampled=1)
+    assert answer_prompts(target, rows, sampled, store)["answers"] == 3 + 8
+    second = store.manifest()["shards"][1]
+    assert second["decoding"]["sampled_per_prompt"] == 1
+    new = shard_records(store.folder / second["file"])
+    assert [r["variant"] for r in new] == [0] * 3 + [1] * 8  # the greedy ones first
+    greedy = {r["hash"]: r["answer"] for r in store.read(fingerprint(target.model)) if r["variant"] == 0}
+    drawn = {r["hash"]: r["answer"] for r in new if r["variant"] == 1}
+    assert greedy.keys() == drawn.keys() == {r["hash"] for r in rows}
+    assert sum(drawn[h] != greedy[h] for h in greedy) >= 4  # drawn at temperature 0.7, not the argmax
+    assert answer_prompts(target, rows, sampled, store)["answers"] == 0
+
+
 def test_no_shard_opens_past_the_total_size(tiny, tmp_path, capsys):
     _, target = tiny
     rows = prompt_rows(prompts_file(tmp_path / "train.jsonl", 12), 0)
